@@ -1,0 +1,278 @@
+"""How many tokens to draft each round: a fixed k, or SparseSpec-L's entropy controller.
+
+The decode loop talks to a controller through four calls:
+    start_round(limit)            -> a new round; at most `limit` tokens may be drafted
+    keep_drafting(entropies)      -> after each draft token (its entropy known): draft another?
+    submit_count(drafted)         -> how many of the drafted tokens go to verification
+    observe(entropies, accepted, submitted, draft_step_s, verify_s) -> what verification decided
+and `trace()` returns what the controller believed this round (p_i, pi_m, C_d, C_v), for `Round`.
+
+Entropy controller
+------------------
+Entropy centres. mu_acc and mu_rej are exponential moving averages of the draft entropy H of
+accepted tokens and of the first rejected token of a round (later tokens of a rejected round were
+never judged, so they update neither):  mu <- (1 - ema) * mu + ema * H, per token; the first
+observation initialises a centre.
+
+Acceptance probability (the paper's form, replaceable via `acceptance_fn`): a two-class softmax
+over negative L1 distances,
+    p_i = exp(-|H_i - mu_acc|/tau) / (exp(-|H_i - mu_acc|/tau) + exp(-|H_i - mu_rej|/tau)), tau = 1.
+
+Choice. With survival pi_m = prod_{i<=m} p_i and costs C_d (one draft step) and
+C_v(k) = C_v0 + k * c_v (one verification of k drafts plus the last token),
+    R(k) = (1 + sum_{m<=k} pi_m) / (k * C_d + C_v(k)),     k* = argmax_{k in K} R(k)
+(the 1 counts the token verification always adds; ties go to the smaller k).
+
+Deciding online. H_i is known only once token i is drafted. R is unimodal in k: writing
+g(k) = k*C_d + C_v(k) (affine, slope C_d' = C_d + c_v), R(k+1) is the mediant of R(k) and
+pi_{k+1}/C_d', and pi is non-increasing, so once R stops rising it never rises again. Hence the
+exact online rule, which returns the closed form's k* for the same entropies:
+  after drafting token j (p_1..p_j known):
+    1. if j is a candidate: if R(j) <= R(best) stop and submit `best` (the drafted token j, and
+       any after `best`, are discarded); else best = j;
+    2. if j = max(K) or j = limit: stop and submit `best`;
+    3. bound: every later token has pi <= pi_j, so for the next candidate k',
+       R(k') <= (1 + S_j + (k'-j) pi_j) / g(k'); if that is <= R(best), stop now and submit `best`
+       without paying for a draft step that cannot help;
+    4. otherwise draft token j+1.
+  Before the first candidate (j < min K) drafting always continues.
+
+Warm-up and degenerate cases. Until `warmup_rounds` rounds are done and both centres exist, the
+controller drafts the prior k, cycling through `warmup_k` so that C_v's slope in k is measured.
+When |mu_acc - mu_rej| < `min_separation`, entropy says nothing, so it keeps the prior k. While
+one centre is still unseen (no rejection yet, or no acceptance yet), p_i is Laplace's rule of
+succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
+
+Costs. C_d is an EMA of measured draft-step seconds. C_v(k) is a least-squares line through an
+EMA of measured verify seconds per submitted k (two or more distinct k), else a flat line at the
+one measured value. Times come synchronised from the decode loop.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+
+def paper_acceptance(entropy: float, mu_acc: float, mu_rej: float, tau: float = 1.0) -> float:
+    """p = softmax over the negative L1 distances of H to the accepted and rejected centres."""
+    a = math.exp(-abs(entropy - mu_acc) / tau)
+    r = math.exp(-abs(entropy - mu_rej) / tau)
+    return a / (a + r)
+
+
+def survival(probs: Sequence[float]) -> list[float]:
+    """pi_m = prod_{i<=m} p_i."""
+    out, acc = [], 1.0
+    for p in probs:
+        acc *= p
+        out.append(acc)
+    return out
+
+
+def expected_ratio(pis: Sequence[float], k: int, c_draft: float, c_verify: Callable[[int], float]) -> float:
+    """R(k) = (1 + sum_{m<=k} pi_m) / (k C_d + C_v(k))."""
+    return (1.0 + sum(pis[:k])) / (k * c_draft + c_verify(k))
+
+
+def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
+             c_verify: Callable[[int], float]) -> int:
+    """Closed form: argmax over candidates (<= len(probs)) of R(k); ties to the smaller k."""
+    pis = survival(probs)
+    best_k, best_r = None, -math.inf
+    for k in sorted(candidates):
+        if k > len(pis):
+            break
+        r = expected_ratio(pis, k, c_draft, c_verify)
+        if r > best_r:
+            best_k, best_r = k, r
+    return best_k
+
+
+class FixedK:
+    """Always draft k tokens (fewer only when the output budget ends)."""
+
+    name = "fixed"
+
+    def __init__(self, k: int = 4):
+        self.k = k
+        self.max_k = k
+        self._limit = k
+
+    def start_round(self, limit: int) -> None:
+        self._limit = min(self.k, limit)
+
+    def keep_drafting(self, entropies: Sequence[float]) -> bool:
+        return len(entropies) < self._limit
+
+    def submit_count(self, drafted: int) -> int:
+        return drafted
+
+    def observe(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+        pass
+
+    def trace(self) -> dict:
+        return {}
+
+
+@dataclass
+class LinearCostModel:
+    """C_v(k) = a + b k, from an EMA of measured seconds per k."""
+    ema: float = 0.2
+    by_k: dict = field(default_factory=dict)
+
+    def add(self, k: int, seconds: float) -> None:
+        old = self.by_k.get(k)
+        self.by_k[k] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def line(self) -> tuple[float, float] | None:
+        if not self.by_k:
+            return None
+        ks, vs = list(self.by_k), list(self.by_k.values())
+        if len(ks) == 1:
+            return vs[0], 0.0
+        mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
+        b = sum((k - mk) * (v - mv) for k, v in zip(ks, vs)) / sum((k - mk) ** 2 for k in ks)
+        b = max(b, 0.0)                      # verification never gets cheaper with more tokens
+        return mv - b * mk, b
+
+    def __call__(self, k: int) -> float:
+        a, b = self.line()
+        return a + b * k
+
+
+class EntropyController:
+    name = "entropy"
+
+    def __init__(self, candidates: Sequence[int] = tuple(range(1, 17)), prior_k: int = 4,
+                 warmup_k: Sequence[int] = (4, 8), warmup_rounds: int = 4, ema_entropy: float = 0.1,
+                 ema_cost: float = 0.2, tau: float = 1.0, min_separation: float = 0.05,
+                 acceptance_fn: Callable[..., float] = paper_acceptance):
+        self.candidates = sorted(set(int(k) for k in candidates))
+        self.prior_k = prior_k                     # k used while entropy cannot yet discriminate
+        self.warmup_k = list(warmup_k)             # warm-up cycles these, so C_v's slope is measured
+        self.warmup_rounds = warmup_rounds
+        self.ema_entropy = ema_entropy             # ~10-token memory for the entropy centres
+        self.ema_cost = ema_cost                   # ~5-round memory for the measured costs
+        self.tau = tau
+        self.min_separation = min_separation       # nats; below it the centres are "equal"
+        self.acceptance_fn = acceptance_fn
+        self.max_k = max(self.candidates + [prior_k] + self.warmup_k)
+        self.mu_acc: float | None = None
+        self.mu_rej: float | None = None
+        self.c_draft: float | None = None
+        self.c_verify = LinearCostModel(ema=ema_cost)
+        self.rounds_seen = 0
+        self.n_accepted = self.n_rejected = 0
+        self._reset_round(limit=self.max_k)
+
+    # --- state ------------------------------------------------------------------------------
+    def _reset_round(self, limit: int) -> None:
+        self._limit = limit
+        self._fixed: int | None = None
+        self._probs: list[float] = []
+        self._best_k, self._best_r = 0, -math.inf
+        self._submit: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Costs are measured and entropy can discriminate: the online rule is in charge."""
+        if self.rounds_seen < self.warmup_rounds or self.c_draft is None or not self.c_verify.by_k:
+            return False
+        centres_equal = (self.mu_acc is not None and self.mu_rej is not None
+                         and abs(self.mu_acc - self.mu_rej) < self.min_separation)
+        return not centres_equal
+
+    def acceptance(self, entropy: float) -> float:
+        """p_i. With one centre still unseen (never a rejection, or never an acceptance), entropy
+        cannot be compared, and Laplace's rule of succession on the counts stands in."""
+        if self.mu_rej is None:
+            return (self.n_accepted + 1) / (self.n_accepted + 2)
+        if self.mu_acc is None:
+            return 1 / (self.n_rejected + 2)
+        return self.acceptance_fn(entropy, self.mu_acc, self.mu_rej, self.tau)
+
+    # --- the round protocol -----------------------------------------------------------------
+    def start_round(self, limit: int) -> None:
+        self._reset_round(limit)
+        if not self.ready:
+            if self.rounds_seen < self.warmup_rounds and self.warmup_k:
+                k = self.warmup_k[self.rounds_seen % len(self.warmup_k)]
+            else:
+                k = self.prior_k
+            self._fixed = min(k, limit)
+
+    def keep_drafting(self, entropies: Sequence[float]) -> bool:
+        j = len(entropies)
+        if self._fixed is not None:
+            return j < self._fixed
+        self._probs.append(self.acceptance(float(entropies[-1])))  # one sync per draft step
+        pis = survival(self._probs)
+        if j in self.candidates:
+            r = expected_ratio(pis, j, self.c_draft, self.c_verify)
+            if r <= self._best_r:
+                self._submit = self._best_k
+                return False
+            self._best_k, self._best_r = j, r
+        if j >= self._limit or j >= self.candidates[-1]:
+            self._submit = self._best_k or j      # a limit below min(K) still verifies what was drafted
+            return False
+        nxt = next((k for k in self.candidates if k > j), None)
+        if self._best_k and nxt is not None:
+            bound = (1.0 + sum(pis) + (nxt - j) * pis[-1]) / (nxt * self.c_draft + self.c_verify(nxt))
+            if bound <= self._best_r:
+                self._submit = self._best_k
+                return False
+        return True
+
+    def submit_count(self, drafted: int) -> int:
+        if self._fixed is not None or self._submit is None:
+            return drafted
+        return min(self._submit, drafted)
+
+    def observe(self, entropies: Sequence[float], accepted: int, submitted: int,
+                draft_step_s: float | None, verify_s: float) -> None:
+        self.rounds_seen += 1
+        self.n_accepted += accepted
+        self.n_rejected += int(accepted < submitted)
+        for h in entropies[:accepted]:
+            self.mu_acc = h if self.mu_acc is None else (1 - self.ema_entropy) * self.mu_acc + self.ema_entropy * h
+        if accepted < submitted:
+            h = entropies[accepted]
+            self.mu_rej = h if self.mu_rej is None else (1 - self.ema_entropy) * self.mu_rej + self.ema_entropy * h
+        if draft_step_s is not None:
+            self.c_draft = draft_step_s if self.c_draft is None else \
+                (1 - self.ema_cost) * self.c_draft + self.ema_cost * draft_step_s
+        self.c_verify.add(submitted, verify_s)
+
+    def trace(self) -> dict:
+        if self._fixed is not None:
+            return {}
+        k = self._submit if self._submit is not None else len(self._probs)
+        return {"accept_probs": self._probs[:k], "survival": survival(self._probs[:k]),
+                "cost_draft": self.c_draft, "cost_verify": self.c_verify(k)}
+
+
+class HeuristicK(FixedK):
+    """transformers' "heuristic" schedule for assisted decoding: k += 2 after a round where every
+    draft was accepted, k -= 1 (never below 1) otherwise."""
+
+    name = "heuristic"
+
+    def __init__(self, k: int = 20, max_k: int = 64):
+        super().__init__(k)
+        self.max_k = max_k
+
+    def observe(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+        if submitted:
+            self.k = min(self.k + 2, self.max_k) if accepted == submitted else max(self.k - 1, 1)
+
+
+CONTROLLERS = {"fixed": FixedK, "entropy": EntropyController, "heuristic": HeuristicK}
+
+
+def make_controller(name: str, **options):
+    from .errors import ConfigError
+    if name not in CONTROLLERS:
+        raise ConfigError(f"unknown controller {name!r}; choose one of {sorted(CONTROLLERS)}")
+    return CONTROLLERS[name](**options)

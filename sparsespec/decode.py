@@ -1,0 +1,224 @@
+"""`generate`: the one decode loop every method runs through.
+
+    prefill(prompt)                      -> full KV cache, first token
+    repeat until max_new_tokens or EOS:
+        k     = controller's draft length (capped by the tokens still wanted)
+        draft = drafter proposes d_1..d_k (sparse KV, early exit, n-grams, ... or nothing for AR)
+        verify [last, d_1..d_k] in one forward over the full cache -> (k+1, V) target logits
+        accept a drafts (+1 token from the target), roll the cache back to the accepted length
+        drafter and controller learn from the verification
+
+Autoregressive decoding is this loop with k = 0: every round is one forward of one token.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from . import attention
+from .cache import PreallocatedCache, num_decoder_layers
+from .controller import CONTROLLERS, make_controller
+from .errors import ConfigError
+from .generation import Generation, Round
+from .methods import METHODS
+from .methods.base import DecodeState
+from .sampling import Sampler, accept_greedy, accept_sampling
+from .timing import Stopwatch
+
+CONTROLLER_OPTIONS = {"controller", "k", "candidates", "prior_k", "warmup_k", "warmup_rounds",
+                      "ema_entropy", "ema_cost", "tau", "min_separation", "max_k"}
+
+
+class RoundTimers:
+    def __init__(self, device):
+        self.select, self.draft, self.verify = Stopwatch(device), Stopwatch(device), Stopwatch(device)
+
+
+@contextmanager
+def sparsespec_attention(model):
+    """Run the model with the registered "sparsespec" attention; restore its own afterwards."""
+    original = model.config._attn_implementation
+    if original != attention.ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+    try:
+        yield
+    finally:
+        if original != attention.ATTN_IMPLEMENTATION:
+            model.set_attn_implementation(original)
+
+
+def as_prompt_tensor(input_ids, device) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ConfigError(f"input_ids holds a batch of {ids.shape[0]} prompts; generate takes exactly one")
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ConfigError(f"input_ids must be one non-empty prompt, shape (L,) or (1, L); got {tuple(ids.shape)}")
+    return ids.to(device)
+
+
+def eos_ids(model, eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
+
+
+def split_options(method: str, options: dict) -> tuple[dict, dict]:
+    """Method options -> (controller options, drafter options)."""
+    drafter_cls = METHODS[method]
+    controller_opts = {k: v for k, v in options.items() if k in CONTROLLER_OPTIONS}
+    drafter_opts = drafter_cls.resolve_options({k: v for k, v in options.items() if k not in CONTROLLER_OPTIONS})
+    controller_opts.setdefault("controller", drafter_cls.default_controller)
+    if controller_opts["controller"] not in drafter_cls.controllers:
+        raise ConfigError(f"controller {controller_opts['controller']!r} does not fit method {method!r}; "
+                          f"accepted: {list(drafter_cls.controllers)}")
+    return controller_opts, drafter_opts
+
+
+def build_controller(options: dict):
+    options = dict(options)
+    name = options.pop("controller")
+    options.pop("max_k", None) if name != "heuristic" else None
+    if name == "fixed":
+        unexpected = sorted(set(options) - {"k"})
+    elif name == "heuristic":
+        unexpected = sorted(set(options) - {"k", "max_k"})
+    else:
+        unexpected = sorted(set(options) - (CONTROLLER_OPTIONS - {"controller", "k", "max_k"}))
+    if name not in CONTROLLERS:
+        raise ConfigError(f"unknown controller {name!r}; accepted: {sorted(CONTROLLERS)}")
+    if unexpected:
+        raise ConfigError(f"option(s) {unexpected} do not apply to controller {name!r}")
+    if "k" in options and (not isinstance(options["k"], int) or options["k"] < 1):
+        raise ConfigError(f"k={options['k']!r} must be an integer >= 1")
+    if "candidates" in options:
+        cands = options["candidates"]
+        if isinstance(cands, int):
+            cands = [cands]
+        cands = list(cands)
+        if not cands or any(not isinstance(c, int) or c < 1 for c in cands):
+            raise ConfigError(f"candidates={options['candidates']!r} must be a non-empty list of integers >= 1")
+        options["candidates"] = cands
+    return make_controller(name, **options)
+
+
+@torch.inference_mode()
+def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: int = 128,
+             temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+             stop_at_eos: bool = True, eos_token_id=None, **method_options) -> Generation:
+    """Decode one prompt with `method`; see the module docstring. Greedy when temperature == 0."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; accepted: {sorted(METHODS)}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    if temperature < 0:
+        raise ConfigError(f"temperature={temperature!r} must be >= 0 (0 means greedy)")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p={top_p!r} must be in (0, 1]")
+    device = next(model.parameters()).device
+    prompt = as_prompt_tensor(input_ids, device)
+    controller_opts, drafter_opts = split_options(method, method_options)
+    controller = build_controller(controller_opts)
+    drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=max_new_tokens,
+                              max_k=controller.max_k, **drafter_opts)
+
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
+    stop_ids = eos_ids(model, eos_token_id) if stop_at_eos else set()
+
+    with sparsespec_attention(model):
+        gen = decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids)
+    gen.method = method
+    gen.options = {**controller_opts, **drafter_opts}
+    return gen
+
+
+def decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids) -> Generation:
+    device = prompt.device
+    # capacity: prompt + output + a full round of drafts written by verification before rollback
+    capacity = prompt.numel() + max_new_tokens + controller.max_k + 2
+    state = DecodeState(model=model, cache=PreallocatedCache(num_decoder_layers(model), capacity),
+                        ids=torch.zeros(capacity, dtype=torch.long, device=device), length=0,
+                        prompt_len=prompt.numel(), sampler=sampler, max_new_tokens=max_new_tokens)
+    tokens: list[int] = []
+    rounds: list[Round] = []
+
+    prefill_watch = Stopwatch(device)
+    with prefill_watch:
+        first = prefill(state, prompt, drafter)
+    tokens.append(first)
+
+    timers = RoundTimers(device)
+    decode_watch = Stopwatch(device)
+    with decode_watch:
+        while len(tokens) < max_new_tokens and not (stop_ids and tokens[-1] in stop_ids):
+            rounds.append(decode_round(state, drafter, controller, timers, max_new_tokens - len(tokens)))
+            emitted = state.ids[state.length - rounds[-1].emitted + 1:state.length + 1].tolist()
+            tokens.extend(cut_at_eos(emitted, stop_ids, rounds[-1]))
+    return Generation(tokens=tokens, prefill_s=prefill_watch.seconds, decode_s=decode_watch.seconds,
+                      rounds=rounds, prompt_tokens=prompt.numel())
+
+
+def prefill(state: DecodeState, prompt: torch.Tensor, drafter) -> int:
+    """Run the prompt through the full model; fill the cache; choose the first token."""
+    n = prompt.numel()
+    state.ids[:n] = prompt
+    hook = drafter.prefill_hook()
+    out = state.model(input_ids=prompt.view(1, -1), past_key_values=state.cache, use_cache=True,
+                      attn_hook=hook, logits_to_keep=1)
+    token, _ = state.sampler.pick(out.logits[0, -1])
+    state.length = n                       # the cache holds the prompt; ids[n] is the first new token
+    state.ids[n] = token
+    drafter.after_prefill(state, hook)
+    return int(token)
+
+
+def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, wanted: int) -> Round:
+    """One draft-verify-accept round; it emits at most `wanted` tokens."""
+    controller.start_round(limit=wanted - 1)   # the target always adds one token after the drafts
+    drafted = drafter.draft(state, controller, timers) if wanted > 1 else None
+    k = controller.submit_count(len(drafted.tokens)) if drafted else 0
+    drafts = torch.stack(drafted.tokens[:k]) if k else state.ids[:0]
+    select_s, draft_s = timers.select.lap(), timers.draft.lap()
+
+    with timers.verify:
+        hook = drafter.verify_hook()
+        inputs = torch.cat([state.last.view(1), drafts]).view(1, -1)            # (1, k+1)
+        positions = torch.arange(state.length, state.length + k + 1, device=state.device).view(1, -1)
+        logits = state.model(input_ids=inputs, position_ids=positions, past_key_values=state.cache,
+                             use_cache=True, attn_hook=hook).logits[0]            # (k+1, V)
+        if state.sampler.greedy:
+            accepted, next_token = accept_greedy(drafts, logits)
+        else:
+            probs = torch.stack(drafted.probs[:k]) if k and drafted.probs is not None else None
+            accepted, next_token = accept_sampling(drafts, probs, logits, state.sampler)
+        # keep [last, d_1..d_a] in the cache; the target's token becomes the new `last`
+        state.ids[state.length + 1:state.length + 1 + accepted] = drafts[:accepted]
+        state.length += accepted + 1
+        state.cache.truncate(state.length)
+        state.ids[state.length] = next_token
+    verify_s = timers.verify.lap()
+    drafter.after_verify(state, hook, accepted, k)
+
+    entropies = torch.stack(drafted.entropies).tolist() if drafted and drafted.entropies else []
+    trace = controller.trace() if k else {}
+    steps = drafted.steps if drafted else 0
+    controller.observe(entropies[:k], accepted, k, draft_s / steps if steps else None, verify_s)
+    return Round(drafted=k, accepted=accepted, emitted=accepted + 1, entropies=entropies[:k],
+                 draft_s=draft_s, verify_s=verify_s, select_s=select_s, draft_steps=steps, **trace)
+
+
+def cut_at_eos(emitted: list[int], stop_ids: set[int], round_: Round) -> list[int]:
+    """Drop what follows an EOS; the round's `emitted` count follows."""
+    for i, t in enumerate(emitted):
+        if t in stop_ids:
+            emitted = emitted[:i + 1]
+            break
+    round_.emitted = len(emitted)
+    return emitted

@@ -1,0 +1,95 @@
+"""What one call of `sparsespec.generate` returns: the tokens, the timings and a per-round trace.
+
+Counting convention (shared by every method, so ratios compare like with like):
+- Prefill runs the prompt through the full model and yields the first new token.
+- Every decode *round* drafts `drafted` tokens (0 for autoregressive decoding), verifies them in
+  one full pass, accepts `accepted` of them and adds one token from the target (the correction or
+  the bonus). It therefore emits `accepted + 1` tokens, fewer only when `max_new_tokens` or EOS
+  cuts the last round short (`emitted`).
+- So `len(tokens) == 1 + sum(r.emitted for r in rounds)`, and autoregressive decoding has
+  `mean_accepted == 1.0`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Round:
+    drafted: int                      # draft tokens sent to verification (the chosen k)
+    accepted: int                     # draft tokens the target accepted
+    emitted: int                      # tokens appended to the output this round (accepted + 1, capped)
+    entropies: list[float]            # draft-distribution entropy (nats) of each drafted token
+    draft_s: float                    # wall time of the k draft forwards (synchronised on GPU)
+    verify_s: float                   # wall time of the verification forward
+    select_s: float = 0.0             # wall time of selecting + gathering the draft KV for this round
+    draft_steps: int = 0              # draft forwards run (can exceed `drafted` when the controller discards one)
+    accept_probs: list[float] = field(default_factory=list)  # controller's p_i per drafted token
+    survival: list[float] = field(default_factory=list)      # controller's pi_m = prod_{i<=m} p_i
+    cost_draft: float | None = None   # controller's C_d estimate when it chose k (seconds)
+    cost_verify: float | None = None  # controller's C_v(k) estimate when it chose k (seconds)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]                 # new tokens only
+    prefill_s: float
+    decode_s: float
+    rounds: list[Round]
+    method: str = ""
+    prompt_tokens: int = 0
+    options: dict = field(default_factory=dict)   # the resolved method options
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens produced by decode rounds (all but the prefill token)."""
+        return sum(r.emitted for r in self.rounds)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens per round, bonus included: 1.0 for autoregressive decoding."""
+        return self.decode_tokens / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted ones; 0.0 when nothing was drafted."""
+        drafted = sum(r.drafted for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / drafted if drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: decode tokens over decode wall time (prefill excluded)."""
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def draft_s(self) -> float:
+        return sum(r.draft_s for r in self.rounds)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(r.verify_s for r in self.rounds)
+
+    @property
+    def select_s(self) -> float:
+        return sum(r.select_s for r in self.rounds)
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds spent in each phase; `other` is decode time outside draft/verify/select."""
+        other = self.decode_s - self.draft_s - self.verify_s - self.select_s
+        return {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
+                "select": self.select_s, "other": max(other, 0.0)}
+
+    def summary(self) -> dict:
+        """Scalar metrics, as logged by the harness."""
+        return {"method": self.method, "prompt_tokens": self.prompt_tokens,
+                "new_tokens": len(self.tokens), "rounds": len(self.rounds),
+                "prefill_s": self.prefill_s, "decode_s": self.decode_s,
+                "tokens_per_s": self.tokens_per_s, "mean_accepted": self.mean_accepted,
+                "acceptance_rate": self.acceptance_rate,
+                **{f"{k}_s_total": v for k, v in self.time_split().items() if k != "prefill"}}
+
+    def to_dict(self) -> dict:
+        """Everything, JSON-serialisable (the per-round trace included)."""
+        d = asdict(self)
+        d.update(self.summary())
+        return d

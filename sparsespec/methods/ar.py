@@ -1,0 +1,12 @@
+"""Plain autoregressive decoding: the drafter that proposes nothing.
+
+Every round verifies just the newest token, i.e. one ordinary decode step on the same preallocated
+cache and SDPA attention as the speculative methods. It is the baseline of every speed-up."""
+from __future__ import annotations
+
+from .base import Drafter
+
+
+class AutoregressiveDrafter(Drafter):
+    name = "ar"
+    controllers = ("fixed",)

@@ -1,0 +1,129 @@
+"""The contract every decoding method implements, and the state the shared decode loop keeps.
+
+A method is a *drafter*: it proposes tokens, and the shared loop in `sparsespec/decode.py`
+verifies them with one full forward pass, accepts, rolls the cache back and times everything.
+Autoregressive decoding is the drafter that proposes nothing. To add a method, subclass
+`Drafter` (or `ModelDrafter` when drafting runs a model step by step), declare its options with
+their defaults in `OPTIONS`, and register it in `sparsespec/methods/__init__.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..cache import PreallocatedCache
+from ..errors import ConfigError
+from ..sampling import Sampler, entropy
+
+
+@dataclass
+class DecodeState:
+    """What the loop knows between rounds."""
+    model: torch.nn.Module
+    cache: PreallocatedCache          # the target's full KV cache
+    ids: torch.Tensor                 # (capacity,) prompt + generated tokens; ids[:length+1] are valid
+    length: int                       # positions in the full cache; ids[length] is the newest token
+    prompt_len: int
+    sampler: Sampler
+    max_new_tokens: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    @property
+    def last(self) -> torch.Tensor:
+        """(1, 1) the newest token: chosen, but not yet in the cache."""
+        return self.ids[self.length:self.length + 1].view(1, 1)
+
+    def history(self) -> torch.Tensor:
+        """(length + 1,) every token so far, the newest included."""
+        return self.ids[:self.length + 1]
+
+
+@dataclass
+class Draft:
+    tokens: list[torch.Tensor] = field(default_factory=list)    # 0-dim token tensors, on device
+    probs: list[torch.Tensor] | None = None                     # (V,) draft distributions, sampling only
+    entropies: list[torch.Tensor] = field(default_factory=list) # 0-dim, nats
+    steps: int = 0                                              # draft forwards run
+
+
+class Drafter:
+    name: ClassVar[str] = ""
+    OPTIONS: ClassVar[dict] = {}               # option -> default; validated by `resolve_options`
+    records_attention: bool = False            # verification should record attention probabilities
+    default_controller: ClassVar[str] = "fixed"
+    controllers: ClassVar[tuple[str, ...]] = ("fixed", "entropy", "heuristic")
+
+    def __init__(self, model, *, prompt_len: int, max_new_tokens: int, max_k: int, **options):
+        self.model = model
+        self.prompt_len = prompt_len
+        self.max_k = max_k
+        self.options = options
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> dict:
+        unknown = sorted(set(options) - set(cls.OPTIONS))
+        if unknown:
+            raise ConfigError(f"unknown option(s) {unknown} for method {cls.name!r}; accepted: {sorted(cls.OPTIONS)}")
+        return {**cls.OPTIONS, **options}
+
+    # --- hooks the loop calls; defaults do nothing ------------------------------------------
+    def prefill_hook(self):
+        """An attention hook for the prefill forward, or None."""
+        return None
+
+    def after_prefill(self, state: DecodeState, hook) -> None:
+        pass
+
+    def draft(self, state: DecodeState, controller, timers) -> Draft:
+        """Propose tokens until the controller says stop (it was started with a limit >= 1).
+        `timers.select` and `timers.draft` are stopwatches for set-up and draft steps."""
+        return Draft()
+
+    def verify_hook(self):
+        """An attention hook for the verification forward, or None (plain SDPA)."""
+        return None
+
+    def after_verify(self, state: DecodeState, hook, accepted: int, submitted: int) -> None:
+        """Called once the full cache has been rolled back to `state.length`."""
+        pass
+
+
+class ModelDrafter(Drafter):
+    """Drafts one token per forward of some model; subclasses implement `prepare` and `step`."""
+
+    default_controller = "fixed"
+
+    def prepare(self, state: DecodeState) -> None:
+        """Per-round set-up before the first draft step (e.g. gather the draft KV)."""
+
+    def step(self, state: DecodeState, token: torch.Tensor, position: int) -> torch.Tensor:
+        """One draft forward of `token` (1, 1) at absolute `position` -> (V,) next-token logits."""
+        raise NotImplementedError
+
+    def finish(self, state: DecodeState) -> None:
+        """After the last draft step (e.g. roll back what drafting wrote into the full cache)."""
+
+    def draft(self, state: DecodeState, controller, timers) -> Draft:
+        out = Draft(probs=None if state.sampler.greedy else [])
+        with timers.select:
+            self.prepare(state)
+        token, position = state.last, state.length
+        with timers.draft:
+            while True:
+                logits = self.step(state, token, position)
+                out.steps += 1
+                tok, probs = state.sampler.pick(logits)
+                out.tokens.append(tok)
+                out.entropies.append(entropy(logits))
+                if probs is not None:
+                    out.probs.append(probs)
+                if not controller.keep_drafting(out.entropies):
+                    break
+                token, position = tok.view(1, 1), position + 1
+            self.finish(state)
+        return out
