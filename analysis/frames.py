@@ -1,0 +1,120 @@
+"""Derived tidy frames from the loaded results: per-round and per-draft-token rows, aggregates
+across prompts, and the labels the figures and tables use."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics import predicted_ratio
+
+# Columns that identify a setting, carried onto the per-round and per-token frames.
+SETTING_COLUMNS = ["run", "experiment", "model", "task", "hardware", "ctx", "method", "controller",
+                   "k", "budget", "budget_frac", "prompt_id"]
+
+
+def method_label(method: str, k: float = math.nan, budget: float = math.nan) -> str:
+    """`sparsespec`, `sparsespec_fixed k=8`, `sparsespec b=5%`: a method plus its swept options."""
+    label = str(method)
+    if k is not None and not _isnan(k):
+        label += f" k={int(k)}"
+    if budget is not None and not _isnan(budget):
+        label += f" b={budget:.0%}" if budget < 1 else f" b={int(budget)}"
+    return label
+
+
+def _isnan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def with_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` plus a `label` column (method and swept options)."""
+    out = df.copy()
+    out["label"] = [method_label(m, k, b) for m, k, b in zip(out["method"], out["k"], out["budget"])]
+    return out
+
+
+def select_experiment(df: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of the named experiments (their `_cpu...` variants included) when any are there,
+    else every row: a figure drawn from a mixed results folder prefers the runs made for it."""
+    mask = df["experiment"].fillna("").astype(str).str.startswith(tuple(names))
+    return df[mask] if mask.any() else df
+
+
+def across_prompts(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Mean, standard deviation, standard error and count of `value` across prompts, per group."""
+    grouped = df.dropna(subset=[value]).groupby(by, dropna=False)[value]
+    out = grouped.agg(mean="mean", std="std", n="count").reset_index()
+    out["std"] = out["std"].fillna(0.0)
+    out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
+    return out
+
+
+def rounds_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode round of every sample, with its setting and per-round throughput."""
+    records = []
+    for _, row in df.iterrows():
+        setting = {c: row[c] for c in SETTING_COLUMNS}
+        for index, r in enumerate(row["rounds"] or []):
+            records.append({**setting, **_round_record(index, r)})
+    return pd.DataFrame(records, columns=SETTING_COLUMNS + ROUND_COLUMNS)
+
+
+ROUND_COLUMNS = ["round", "drafted", "accepted", "emitted", "draft_s", "verify_s", "select_s",
+                 "round_s", "round_tokens_per_s", "cost_draft", "cost_verify", "predicted_ratio",
+                 "survival"]
+
+
+def _round_record(index: int, r: dict) -> dict:
+    round_s = float(r.get("draft_s", 0.0)) + float(r.get("verify_s", 0.0)) + float(r.get("select_s") or 0.0)
+    survival = list(r.get("survival") or [])
+    c_d, c_v = r.get("cost_draft"), r.get("cost_verify")
+    predicted = (float(predicted_ratio(survival, c_d, c_v)[-1])
+                 if survival and c_d is not None and c_v is not None else math.nan)
+    return {"round": index, "drafted": r.get("drafted"), "accepted": r.get("accepted"),
+            "emitted": r.get("emitted"), "draft_s": r.get("draft_s"), "verify_s": r.get("verify_s"),
+            "select_s": r.get("select_s"), "round_s": round_s,
+            "round_tokens_per_s": r.get("emitted", 0) / round_s if round_s > 0 else math.nan,
+            "cost_draft": c_d, "cost_verify": c_v, "predicted_ratio": predicted,
+            "survival": survival}
+
+
+def draft_tokens_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per *judged* draft token: the accepted ones and the first rejected one of a round.
+
+    Tokens after the first rejection were never compared with the target, so they are neither
+    accepted nor rejected and are left out.
+    """
+    records = []
+    for _, row in df.iterrows():
+        setting = {c: row[c] for c in SETTING_COLUMNS}
+        for index, r in enumerate(row["rounds"] or []):
+            records += _judged_tokens(setting, index, r)
+    return pd.DataFrame(records, columns=SETTING_COLUMNS + ["round", "position", "entropy",
+                                                            "accept_prob", "accepted"])
+
+
+def _judged_tokens(setting: dict, index: int, r: dict) -> list[dict]:
+    entropies = list(r.get("entropies") or [])
+    probs = list(r.get("accept_probs") or [])
+    accepted = int(r.get("accepted", 0))
+    judged = min(len(entropies), accepted + 1)
+    return [{**setting, "round": index, "position": i + 1, "entropy": float(entropies[i]),
+             "accept_prob": float(probs[i]) if i < len(probs) else math.nan,
+             "accepted": i < accepted} for i in range(judged)]
+
+
+def speculative(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of methods that draft (acceptance is defined): every method but plain decoding."""
+    drafted = df["rounds"].map(lambda rounds: any((r.get("drafted") or 0) > 0 for r in rounds or []))
+    return df[drafted & (df["method"] != "ar")]
+
+
+def setting_title(df: pd.DataFrame) -> str:
+    """`model · task · hardware` of a figure's data (several values joined with '/')."""
+    parts = []
+    for column in ("model", "task", "hardware"):
+        values = sorted({str(v) for v in df[column].dropna()})
+        parts.append("/".join(values) if values else f"? {column}")
+    return " · ".join(parts)

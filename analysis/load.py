@@ -1,0 +1,294 @@
+"""Load sparsespec results into one tidy DataFrame: one row per prompt x run.
+
+Two sources give the same columns (see docs/CONTRACTS.md for the files):
+- local run folders: a single run folder, or any tree of them (Hydra multirun
+  `multirun/<date>/<time>/<job>/`), found by their `samples.jsonl`;
+- W&B runs, `wandb.Api().runs(path, filters={"group": ...})`, mapped by `rows_from_wandb_run`.
+
+Only the `run` column (where a row came from) differs between the two sources.
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+SAMPLES_FILE = "samples.jsonl"
+SUMMARY_FILE = "summary.json"
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+
+# Columns taken from summary.json's "run" section (or the config when it is missing).
+RUN_COLUMNS = ("model", "task", "source", "method", "ctx", "seed", "dtype", "device", "temperature")
+# Method options that the figures sweep over.
+OPTION_COLUMNS = ("controller", "k", "budget")
+# Scalars of one samples.jsonl line.
+SAMPLE_COLUMNS = ("prompt_id", "context_tokens", "new_tokens", "prefill_s", "decode_s",
+                  "tokens_per_s", "mean_accepted", "acceptance_rate", "ar_tokens_per_s",
+                  "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "score")
+TIME_SPLIT_KEYS = ("prefill", "draft", "verify", "select", "other")
+# summary.json "metrics", prefixed with "run_" (pooled over the run's prompts).
+METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_mean",
+               "speedup_vs_ar_std", "mean_accepted", "acceptance_rate", "prefill_s_mean",
+               "decode_s_mean", "outputs_match_ar", "score_mean")
+
+COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware")
+           + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)
+           + tuple(f"run_{k}" for k in METRIC_KEYS) + ("rounds",))
+
+# Methods whose draft length is fixed (no controller) and the one driven by the entropy controller.
+FIXED_K_METHODS = ("sparsespec_fixed",)
+CONTROLLED_METHODS = ("sparsespec",)
+
+
+# ---------------------------------------------------------------- shared: records -> rows
+
+def _get(mapping: Any, dotted: str, default: Any = None) -> Any:
+    """`_get(cfg, "method.options.k")`: a nested lookup that tolerates missing levels."""
+    node = mapping
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _group_name(config: dict, group: str) -> Any:
+    """The name of a config group's choice: `cfg[group]["name"]`, or the value itself when scalar."""
+    node = config.get(group) if isinstance(config, dict) else None
+    if isinstance(node, dict):
+        return node.get("name")
+    return node
+
+
+def run_section_from_config(config: dict) -> dict:
+    """Rebuild summary.json's "run" section from a resolved config (used when it is absent)."""
+    ctx = config.get("ctx")
+    if isinstance(ctx, dict):
+        ctx = ctx.get("length", ctx.get("tokens", ctx.get("name")))
+    return {"model": _group_name(config, "model"), "task": _group_name(config, "task"),
+            "source": _get(config, "task.source"),
+            "method": _get(config, "method.label") or _group_name(config, "method"),
+            "ctx": ctx, "seed": config.get("seed"), "dtype": config.get("dtype"),
+            "device": config.get("device"), "temperature": config.get("temperature")}
+
+
+def method_options(config: dict) -> dict:
+    """The method's options from the resolved config (`method.options`), {} when absent."""
+    options = _get(config, "method.options", {})
+    return dict(options) if isinstance(options, dict) else {}
+
+
+def controller_name(method: str | None, options: dict) -> str | None:
+    """`entropy` for the controlled method, `fixed` for fixed-k, an explicit option wins."""
+    if options.get("controller") is not None:
+        return str(options["controller"])
+    if method in CONTROLLED_METHODS:
+        return "entropy"
+    if method in FIXED_K_METHODS:
+        return "fixed"
+    return None
+
+
+def hardware_label(env: dict, run: dict) -> str:
+    """A short name of the machine the run timed: the GPU's name on a GPU, else the CPU's."""
+    device = str(run.get("device") or env.get("device") or "")
+    for key in ("gpu", "gpu_name", "cuda_device_name", "accelerator"):
+        if env.get(key):
+            if device.startswith("cuda") or not device:
+                return str(env[key])
+    for key in ("cpu", "cpu_name", "processor", "cpu_model", "platform"):
+        if env.get(key):
+            return str(env[key])
+    return device or "unknown"
+
+
+def budget_fraction(budget: Any, context_tokens: Any) -> float:
+    """The draft budget as a fraction of the KV cache: itself when < 1, else tokens / context."""
+    if budget is None or (isinstance(budget, float) and math.isnan(budget)):
+        return math.nan
+    budget = float(budget)
+    if budget < 1:
+        return budget
+    if not context_tokens:
+        return math.nan
+    return budget / float(context_tokens)
+
+
+def rows_from_records(summary: dict, samples: list[dict], run_label: str,
+                      experiment: str | None = None) -> list[dict]:
+    """One row per sample line, with the run's config and pooled metrics attached."""
+    config = summary.get("config") or {}
+    run = dict(run_section_from_config(config))
+    run.update({k: v for k, v in (summary.get("run") or {}).items() if v is not None})
+    env = summary.get("env") or {}
+    metrics = summary.get("metrics") or {}
+    options = method_options(config)
+    base = {"run": run_label,
+            "experiment": experiment if experiment is not None else config.get("experiment_name"),
+            **{k: run.get(k) for k in RUN_COLUMNS},
+            "controller": controller_name(run.get("method"), options),
+            "k": options.get("k"), "budget": options.get("budget"),
+            "hardware": hardware_label(env, run),
+            **{f"run_{k}": metrics.get(k) for k in METRIC_KEYS}}
+    return [_sample_row(base, sample) for sample in samples]
+
+
+def _sample_row(base: dict, sample: dict) -> dict:
+    row = dict(base)
+    for key in RUN_COLUMNS:                     # a sample line names its own model/task/ctx too
+        if row.get(key) is None and sample.get(key) is not None:
+            row[key] = sample[key]
+    row.update({k: sample.get(k) for k in SAMPLE_COLUMNS})
+    split = sample.get("time_split") or {}
+    row.update({f"time_{k}_s": split.get(k) for k in TIME_SPLIT_KEYS})
+    rounds = sample.get("rounds") or []
+    row["rounds"] = rounds
+    row["n_rounds"] = len(rounds)
+    row["budget_frac"] = budget_fraction(row.get("budget"), row.get("context_tokens"))
+    return row
+
+
+def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
+    """The tidy DataFrame with its fixed column order and dtypes."""
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    numeric = ["ctx", "seed", "temperature", "k", "budget", "budget_frac", "context_tokens",
+               "new_tokens", "n_rounds", *[c for c in COLUMNS if c.endswith("_s")],
+               "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "mean_accepted",
+               "acceptance_rate", "score", *[f"run_{k}" for k in METRIC_KEYS if k != "outputs_match_ar"]]
+    for column in dict.fromkeys(numeric):
+        df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
+    for column in ("run", "experiment", "model", "task", "source", "method", "dtype", "device",
+                   "controller", "hardware", "prompt_id"):
+        df[column] = df[column].astype("object")
+    return df.sort_values(["model", "task", "method", "ctx", "run", "prompt_id"],
+                          na_position="last", kind="stable").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------- local folders
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Every folder holding a samples.jsonl, under each path (a run folder or a tree of them)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"no such results folder: {path}")
+        if (path / SAMPLES_FILE).is_file():
+            found.append(path)
+        else:
+            found.extend(sorted(p.parent for p in path.rglob(SAMPLES_FILE)))
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl file; a torn last line (a run still writing) is skipped."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+    return records
+
+
+def read_hydra_config(run_dir: Path) -> dict:
+    """The run's `.hydra/config.yaml` as plain dict, {} when absent."""
+    path = run_dir / HYDRA_CONFIG
+    if not path.is_file():
+        return {}
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def experiment_choice(run_dir: Path) -> str | None:
+    """The `experiment=` Hydra chose for the run (`.hydra/hydra.yaml`), None when unknown."""
+    path = run_dir / ".hydra" / "hydra.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+    choices = OmegaConf.to_container(OmegaConf.load(path).hydra.runtime.choices)
+    return choices.get("experiment")
+
+
+def read_run_dir(run_dir: Path) -> tuple[dict, list[dict]]:
+    """(summary, samples) of one run folder; the summary is rebuilt from the config if missing."""
+    summary_path = run_dir / SUMMARY_FILE
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    if not summary.get("config"):
+        summary["config"] = read_hydra_config(run_dir)
+    return summary, read_jsonl(run_dir / SAMPLES_FILE)
+
+
+def _run_label(run_dir: Path, roots: list[Path]) -> str:
+    for root in roots:
+        if run_dir == root or root in run_dir.parents:
+            return str(Path(root.name) / run_dir.relative_to(root))
+    return str(run_dir)
+
+
+def load_results(*paths: str | Path) -> pd.DataFrame:
+    """One tidy DataFrame from local run folders or trees of them (one row per prompt x run)."""
+    if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
+        paths = tuple(paths[0])
+    roots = [Path(p).resolve() for p in paths]
+    rows: list[dict] = []
+    for run_dir in find_run_dirs(paths):
+        summary, samples = read_run_dir(run_dir)
+        rows += rows_from_records(summary, samples, _run_label(run_dir, roots),
+                                  experiment_choice(run_dir))
+    return frame_from_rows(rows)
+
+
+# ---------------------------------------------------------------- W&B
+
+def _run_file_names(run: Any) -> set[str]:
+    return {f.name for f in run.files()}
+
+
+def _download_json_files(run: Any, folder: Path) -> tuple[dict, list[dict]]:
+    run.file(SUMMARY_FILE).download(root=str(folder), replace=True)
+    run.file(SAMPLES_FILE).download(root=str(folder), replace=True)
+    return json.loads((folder / SUMMARY_FILE).read_text()), read_jsonl(folder / SAMPLES_FILE)
+
+
+def _records_from_run_fields(run: Any) -> tuple[dict, list[dict]]:
+    """Fallback when the run carries no files: config, summary metrics, per-prompt history rows."""
+    config = dict(run.config)
+    summary = {"run": config.get("run") or {}, "config": config,
+               "metrics": {k: run.summary.get(k) for k in METRIC_KEYS},
+               "env": config.get("env") or {}}
+    samples = [dict(row) for row in run.scan_history() if row.get("prompt_id") is not None]
+    return summary, samples
+
+
+def records_from_wandb_run(run: Any) -> tuple[dict, list[dict]]:
+    """(summary, samples) of a W&B run: its uploaded summary.json + samples.jsonl when present
+    (the exact files a local run folder holds), else rebuilt from its config, summary and history."""
+    if {SUMMARY_FILE, SAMPLES_FILE} <= _run_file_names(run):
+        with tempfile.TemporaryDirectory() as tmp:
+            return _download_json_files(run, Path(tmp))
+    return _records_from_run_fields(run)
+
+
+def rows_from_wandb_run(run: Any) -> list[dict]:
+    """The DataFrame rows of one W&B run (`wandb.apis.public.Run` or anything shaped like it)."""
+    summary, samples = records_from_wandb_run(run)
+    experiment = (summary.get("config") or {}).get("experiment_name")
+    return rows_from_records(summary, samples, f"wandb:{run.id}", experiment)
+
+
+def load_wandb(path: str, group: str | None = None, api: Any = None) -> pd.DataFrame:
+    """One tidy DataFrame from the W&B runs of `path` ("entity/project"), optionally one group."""
+    if api is None:
+        import wandb  # lazy: a local analysis needs neither the package nor a login
+        api = wandb.Api()
+    filters = {"group": group} if group else None
+    rows: list[dict] = []
+    for run in api.runs(path, filters=filters):
+        rows += rows_from_wandb_run(run)
+    return frame_from_rows(rows)

@@ -1,0 +1,60 @@
+"""Small numeric helpers: ROC / AUC (numpy only) and the controller's predicted efficiency."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def roc_curve(scores: Sequence[float], labels: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """(false positive rate, true positive rate) as the threshold sweeps down the scores.
+
+    A higher score predicts a positive label. Tied scores move both rates in one step, so the
+    curve is the one whose area `auc` returns.
+    """
+    scores = np.asarray(scores, dtype=float)
+    labels = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"ROC needs both classes; got {n_pos} positive and {n_neg} negative labels")
+    order = np.argsort(-scores, kind="mergesort")
+    scores, labels = scores[order], labels[order]
+    last_of_tie = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]
+    tps = np.cumsum(labels)[last_of_tie]
+    fps = (last_of_tie + 1) - tps
+    return np.r_[0.0, fps / n_neg], np.r_[0.0, tps / n_pos]
+
+
+def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties count half.
+
+    Computed from ranks (Mann-Whitney U), independently of `roc_curve`.
+    """
+    scores = np.asarray(scores, dtype=float)
+    labels = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"AUC needs both classes; got {n_pos} positive and {n_neg} negative labels")
+    ranks = _average_ranks(scores)
+    u = ranks[labels].sum() - n_pos * (n_pos + 1) / 2
+    return float(u / (n_pos * n_neg))
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    ranks = np.empty(len(values), dtype=float)
+    start = 0
+    for end in np.r_[np.flatnonzero(np.diff(sorted_values)) + 1, len(values)]:
+        ranks[order[start:end]] = (start + 1 + end) / 2
+        start = end
+    return ranks
+
+
+def predicted_ratio(survival: Sequence[float], cost_draft: float, cost_verify: float) -> np.ndarray:
+    """The controller's objective for every prefix length m = 1..k of one round:
+    (1 + sum_{j<=m} pi_j) / (m * C_d + C_v), in expected tokens per second."""
+    survival = np.asarray(survival, dtype=float)
+    m = np.arange(1, len(survival) + 1)
+    return (1.0 + np.cumsum(survival)) / (m * float(cost_draft) + float(cost_verify))

@@ -1,0 +1,339 @@
+"""The paper's figures, drawn from the tidy results DataFrame (see analysis.load).
+
+Every figure function takes the DataFrame and returns a list of (file stem, Figure), one per
+model x task; it raises `SkipFigure` with a one-line reason when its data is absent.
+Error bars are +-1 standard deviation across prompts unless the axis label says otherwise.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import paper
+from analysis.frames import (across_prompts, draft_tokens_frame, rounds_frame, select_experiment,
+                             setting_title, speculative, with_labels)
+from analysis.metrics import auc, predicted_ratio, roc_curve
+
+FigureList = list[tuple[str, Figure]]
+
+
+class SkipFigure(Exception):
+    """The data a figure needs is not in the results; the message says what is missing."""
+
+
+# ---------------------------------------------------------------- helpers
+
+def slug(text: object) -> str:
+    return re.sub(r"[^A-Za-z0-9._]+", "-", str(text)).strip("-") or "none"
+
+
+def per_model_task(df: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
+    """(`model__task` file suffix, rows) for each model x task in `df`."""
+    for (model, task), rows in df.groupby(["model", "task"], dropna=False, sort=True):
+        yield f"{slug(model)}__{slug(task)}", rows
+
+
+def new_figure(ncols: int = 1, width: float = 6.4, height: float = 4.2) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def context_axis(ax, contexts) -> None:
+    """A log2 context-length axis labelled in K tokens (1K = 1000, as the harness's conf/ctx/ names)."""
+    contexts = sorted({int(c) for c in contexts})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts)
+    ax.set_xticklabels([f"{c / 1000:g}K" if c >= 1000 else str(c) for c in contexts])
+    ax.set_xlabel("context length (tokens, log scale)")
+
+
+def caption(fig: Figure, rows: pd.DataFrame, what: str) -> None:
+    prompts = rows.groupby("run")["prompt_id"].nunique()
+    n = f"{prompts.min()}-{prompts.max()}" if len(prompts) and prompts.min() != prompts.max() else (
+        f"{prompts.min()}" if len(prompts) else "0")
+    fig.suptitle(f"{what}\n{setting_title(rows)}\nerror bars: ±1 s.d. across prompts (n = {n} per point)",
+                 fontsize=10)
+
+
+def errorbar_lines(ax, stats: pd.DataFrame, x: str, by: str) -> None:
+    """One errorbar line per value of `by` (stats from `across_prompts`)."""
+    for key, line in stats.groupby(by, sort=True):
+        line = line.sort_values(x)
+        ax.errorbar(line[x], line["mean"], yerr=line["std"], marker="o", capsize=3, label=str(key))
+
+
+# ---------------------------------------------------------------- speedup / acceptance vs context
+
+def speedup_vs_context(df: pd.DataFrame) -> FigureList:
+    rows = with_labels(select_experiment(df, ("speedup_vs_context",)))
+    rows = rows[rows["method"] != "ar"].dropna(subset=["speedup_vs_ar", "ctx"])
+    if rows.empty:
+        raise SkipFigure("no sample has speedup_vs_ar (no speculative method with an AR reference)")
+    figures = []
+    for suffix, group in per_model_task(rows):
+        fig, (ax,) = new_figure()
+        stats = across_prompts(group, ["label", "ctx"], "speedup_vs_ar")
+        errorbar_lines(ax, stats, "ctx", "label")
+        ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ar (1.00×)")
+        context_axis(ax, group["ctx"])
+        ax.set_ylabel("decode speedup over autoregressive (×)")
+        ax.legend(fontsize=8)
+        caption(fig, group, "Speedup vs context length")
+        figures.append((f"speedup_vs_context__{suffix}", fig))
+    return figures
+
+
+def acceptance_vs_context(df: pd.DataFrame) -> FigureList:
+    rows = with_labels(speculative(select_experiment(df, ("acceptance_vs_context", "speedup_vs_context"))))
+    rows = rows.dropna(subset=["ctx"])
+    if rows.empty:
+        raise SkipFigure("no speculative method drafted any token")
+    figures = []
+    for suffix, group in per_model_task(rows):
+        fig, (left, right) = new_figure(ncols=2, width=5.2)
+        rate = across_prompts(group.assign(pct=group["acceptance_rate"] * 100), ["label", "ctx"], "pct")
+        errorbar_lines(left, rate, "ctx", "label")
+        left.set_ylabel("acceptance rate (% of drafted tokens)")
+        errorbar_lines(right, across_prompts(group, ["label", "ctx"], "mean_accepted"), "ctx", "label")
+        right.set_ylabel("mean accepted length (tokens / round, bonus incl.)")
+        for ax in (left, right):
+            context_axis(ax, group["ctx"])
+        left.legend(fontsize=8)
+        caption(fig, group, "Acceptance and mean accepted length vs context length")
+        figures.append((f"acceptance_vs_context__{suffix}", fig))
+    return figures
+
+
+# ---------------------------------------------------------------- ablations
+
+def fixed_k_ablation(df: pd.DataFrame) -> FigureList:
+    fixed = select_experiment(df, ("fixed_k_ablation",))
+    fixed = fixed[(fixed["controller"] == "fixed") & fixed["k"].notna()].dropna(subset=["speedup_vs_ar"])
+    if fixed["k"].nunique() < 2:
+        raise SkipFigure("needs fixed-k runs (sparsespec_fixed) at two or more k with an AR reference")
+    controlled = df[(df["controller"] == "entropy") & df["budget"].isna()].dropna(subset=["speedup_vs_ar"])
+    figures = []
+    for suffix, group in per_model_task(fixed):
+        fig, (ax,) = new_figure()
+        stats = across_prompts(group, ["ctx", "k"], "speedup_vs_ar")
+        for i, (ctx, line) in enumerate(stats.groupby("ctx", sort=True)):
+            color = f"C{i}"
+            ax.errorbar(line["k"], line["mean"], yerr=line["std"], marker="o", capsize=3, color=color,
+                        label=f"fixed k, ctx {int(ctx)}")
+            _controller_band(ax, controlled, group, ctx, color)
+        ax.plot(list(k for k in paper.FIXED_K_SPEEDUP if k), [v for k, v in paper.FIXED_K_SPEEDUP.items() if k],
+                "s--", color="0.6", mfc="none", label=f"paper fixed k ({paper.SETTING['model']}, "
+                                                      f"{paper.SETTING['hardware']})")
+        ax.axhline(paper.FIXED_K_SPEEDUP[None], color="0.6", linestyle=":", label="paper controller")
+        ax.set_xticks(sorted(group["k"].unique()))
+        ax.set_xlabel("draft length k (tokens, fixed)")
+        ax.set_ylabel("decode speedup over autoregressive (×)")
+        ax.legend(fontsize=7)
+        caption(fig, group, "Fixed-k ablation vs the entropy controller")
+        figures.append((f"fixed_k_ablation__{suffix}", fig))
+    return figures
+
+
+def _controller_band(ax, controlled: pd.DataFrame, group: pd.DataFrame, ctx: float, color: str) -> None:
+    """The controller's mean speedup (+-1 s.d.) at the same model, task and context, if measured."""
+    same = controlled[(controlled["model"] == group["model"].iloc[0]) &
+                      (controlled["task"] == group["task"].iloc[0]) & (controlled["ctx"] == ctx)]
+    if same.empty:
+        return
+    mean, std = same["speedup_vs_ar"].mean(), same["speedup_vs_ar"].std(ddof=1)
+    std = 0.0 if np.isnan(std) else std
+    ax.axhline(mean, color=color, linestyle="--", label=f"controller, ctx {int(ctx)}")
+    ax.axhspan(mean - std, mean + std, color=color, alpha=0.12)
+
+
+def budget_ablation(df: pd.DataFrame) -> FigureList:
+    rows = with_labels(select_experiment(df, ("budget_ablation",)))
+    rows = rows[rows["budget_frac"].notna()].dropna(subset=["speedup_vs_ar"])
+    if rows["budget_frac"].round(4).nunique() < 2:
+        raise SkipFigure("needs runs at two or more draft budgets (method.options.budget)")
+    figures = []
+    for suffix, group in per_model_task(rows):
+        group = group.assign(budget_pct=(group["budget_frac"] * 100).round(1),
+                             series=group["method"] + " ctx " + group["ctx"].astype(int).astype(str),
+                             pct=group["acceptance_rate"] * 100)
+        fig, (left, right) = new_figure(ncols=2, width=5.2)
+        errorbar_lines(left, across_prompts(group, ["series", "budget_pct"], "speedup_vs_ar"),
+                       "budget_pct", "series")
+        left.set_ylabel("decode speedup over autoregressive (×)")
+        errorbar_lines(right, across_prompts(group, ["series", "budget_pct"], "pct"), "budget_pct", "series")
+        right.set_ylabel("acceptance rate (% of drafted tokens)")
+        for ax in (left, right):
+            ax.set_xlabel("draft budget (% of the KV cache)")
+            ax.axvline(paper.SETTING["budget_frac"] * 100, color="0.6", linestyle=":", linewidth=1)
+        left.legend(fontsize=8)
+        caption(fig, group, "Draft budget ablation (dotted: the paper's best, ~10%)")
+        figures.append((f"budget_ablation__{suffix}", fig))
+    return figures
+
+
+# ---------------------------------------------------------------- entropy
+
+def _entropy_tokens(df: pd.DataFrame) -> pd.DataFrame:
+    rows = speculative(select_experiment(df, ("entropy_analysis",)))
+    tokens = draft_tokens_frame(rows)
+    if tokens.empty or tokens["accepted"].all() or not tokens["accepted"].any():
+        raise SkipFigure("needs draft entropies of both accepted and rejected tokens")
+    return tokens
+
+
+def entropy_distributions(df: pd.DataFrame) -> FigureList:
+    tokens = _entropy_tokens(df)
+    figures = []
+    for suffix, group in per_model_task(tokens):
+        fig, (ax,) = new_figure()
+        bins = np.linspace(0, max(group["entropy"].max(), 1e-3), 40)
+        for accepted, name, color in ((True, "accepted", "C2"), (False, "rejected", "C3")):
+            values = group.loc[group["accepted"] == accepted, "entropy"]
+            if values.empty:
+                continue
+            ax.hist(values, bins=bins, density=True, alpha=0.5, color=color,
+                    label=f"{name} (n={len(values)}, mean {values.mean():.2f} nats)")
+            ax.axvline(values.mean(), color=color, linestyle="--")
+        ax.set_xlabel("draft-token entropy (nats)")
+        ax.set_ylabel("density (1 / nat)")
+        ax.legend(fontsize=8)
+        caption_rows = group.drop_duplicates(["run", "prompt_id"])
+        fig.suptitle(f"Entropy of accepted vs first-rejected draft tokens\n{setting_title(caption_rows)}",
+                     fontsize=11)
+        figures.append((f"entropy_distributions__{suffix}", fig))
+    return figures
+
+
+def entropy_roc(df: pd.DataFrame) -> FigureList:
+    tokens = _entropy_tokens(df)
+    figures = []
+    for suffix, group in per_model_task(tokens):
+        fig, (ax,) = new_figure(width=5.0, height=4.6)
+        for method, rows in group.groupby("method", sort=True):
+            if rows["accepted"].nunique() < 2:
+                continue
+            fpr, tpr = roc_curve(-rows["entropy"], rows["accepted"])
+            ax.plot(fpr, tpr, label=f"{method}: AUC {auc(-rows['entropy'], rows['accepted']):.3f} "
+                                    f"(n={len(rows)})")
+        ax.plot([0, 1], [0, 1], color="0.6", linestyle=":", label="chance (AUC 0.5)")
+        ax.set_xlabel("false positive rate (rejected tokens predicted accepted)")
+        ax.set_ylabel("true positive rate (accepted tokens predicted accepted)")
+        ax.set_title(f"paper summaries report AUC ≈ {paper.ENTROPY_AUC}", fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
+        fig.suptitle(f"Low draft entropy as a predictor of acceptance (ROC)\n"
+                     f"{setting_title(group.drop_duplicates(['run', 'prompt_id']))}", fontsize=11)
+        figures.append((f"entropy_roc__{suffix}", fig))
+    return figures
+
+
+def pick_trace_sample(df: pd.DataFrame) -> pd.Series:
+    """The controller run's sample with the most rounds (the longest trace), else any speculative."""
+    rows = speculative(select_experiment(df, ("entropy_analysis",)))
+    controlled = rows[rows["controller"] == "entropy"]
+    rows = controlled if not controlled.empty else rows
+    has_entropy = rows["rounds"].map(lambda rs: any(r.get("entropies") for r in rs))
+    rows = rows[has_entropy]
+    if rows.empty:
+        raise SkipFigure("no speculative sample has per-round draft entropies")
+    return rows.loc[rows["n_rounds"].idxmax()]
+
+
+def entropy_trace(df: pd.DataFrame) -> FigureList:
+    sample = pick_trace_sample(df)
+    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for index, r in enumerate(sample["rounds"]):
+        entropies, accepted = r.get("entropies") or [], int(r.get("accepted", 0))
+        for i, entropy in enumerate(entropies):
+            color, z = ("C2", 3) if i < accepted else ("C3", 3) if i == accepted else ("0.75", 2)
+            top.scatter([index], [entropy], c=color, s=12, zorder=z)
+    top.scatter([], [], c="C2", s=12, label="accepted")
+    top.scatter([], [], c="C3", s=12, label="first rejected")
+    top.scatter([], [], c="0.7", s=12, label="not verified (after a rejection)")
+    top.set_ylabel("draft-token entropy (nats)")
+    top.legend(fontsize=8)
+    rounds = np.arange(len(sample["rounds"]))
+    bottom.step(rounds, [r.get("drafted", 0) for r in sample["rounds"]], where="mid", label="chosen k (drafted)")
+    bottom.step(rounds, [r.get("accepted", 0) for r in sample["rounds"]], where="mid", label="accepted")
+    bottom.set_xlabel("decode round")
+    bottom.set_ylabel("tokens")
+    bottom.legend(fontsize=8)
+    fig.suptitle(f"Entropy and chosen k over one generation: {sample['method']}, prompt {sample['prompt_id']}, "
+                 f"ctx {int(sample['ctx'])}\n{sample['model']} · {sample['task']} · {sample['hardware']}",
+                 fontsize=11)
+    return [(f"entropy_trace__{slug(sample['model'])}__{slug(sample['task'])}", fig)]
+
+
+# ---------------------------------------------------------------- efficiency inversion
+
+def efficiency_inversion(df: pd.DataFrame) -> FigureList:
+    rows = speculative(select_experiment(df, ("efficiency_inversion",)))
+    rounds = rounds_frame(rows)
+    rounds = rounds[(rounds["drafted"] > 0) & rounds["round_tokens_per_s"].notna()] if not rounds.empty else rounds
+    if rounds.empty or rounds["drafted"].nunique() < 2:
+        raise SkipFigure("needs speculative rounds at two or more draft lengths k")
+    figures = []
+    for suffix, group in per_model_task(rounds):
+        fig, (left, right) = new_figure(ncols=2, width=5.2)
+        group = group.assign(k_from=group["controller"].map({"fixed": "fixed k", "entropy": "controller's k"})
+                             .fillna(group["method"]))
+        per_prompt = group.groupby(["k_from", "run", "prompt_id", "drafted"], as_index=False)[
+            "round_tokens_per_s"].mean()
+        for k_from, rows_k in per_prompt.groupby("k_from", sort=True):
+            stats = across_prompts(rows_k, ["drafted"], "round_tokens_per_s")
+            left.errorbar(stats["drafted"], stats["mean"], yerr=stats["std"], marker="o", capsize=3,
+                          label=f"measured, {k_from} (emitted / round time)")
+            _mark_best(left, stats["drafted"], stats["mean"])
+        left.set_xlabel("draft length k (tokens)")
+        left.set_ylabel("tokens / s per round (measured)")
+        left.legend(fontsize=8)
+        _predicted_panel(right, group)
+        caption(fig, rows[(rows["model"] == group["model"].iloc[0]) & (rows["task"] == group["task"].iloc[0])],
+                "Efficiency inversion: measured tokens/s per round vs k, and the controller's prediction")
+        figures.append((f"efficiency_inversion__{suffix}", fig))
+    return figures
+
+
+def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
+    """Mean over controller rounds of (1 + sum_{j<=m} pi_j) / (m C_d + C_v) for each prefix m."""
+    traced = rounds[rounds["survival"].map(len) > 0].dropna(subset=["cost_draft", "cost_verify"])
+    if traced.empty:
+        ax.text(0.5, 0.5, "no controller trace (survival, C_d, C_v)\nin these runs",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    curves = [pd.DataFrame({"run": r.run, "prompt_id": r.prompt_id, "m": np.arange(1, len(r.survival) + 1),
+                            "ratio": predicted_ratio(r.survival, r.cost_draft, r.cost_verify)})
+              for r in traced.itertuples()]
+    per_prompt = pd.concat(curves).groupby(["run", "prompt_id", "m"], as_index=False)["ratio"].mean()
+    stats = across_prompts(per_prompt, ["m"], "ratio")
+    ax.errorbar(stats["m"], stats["mean"], yerr=stats["std"], marker="o", capsize=3, color="C1",
+                label="predicted (1+Σπ_m)/(k·C_d+C_v)")
+    _mark_best(ax, stats["m"], stats["mean"])
+    ax.set_xlabel("draft length k (tokens)")
+    ax.set_ylabel("expected tokens / s (controller's model)")
+    ax.legend(fontsize=8)
+
+
+def _mark_best(ax, ks, values) -> None:
+    values = np.asarray(values, dtype=float)
+    if len(values) and np.isfinite(values).any():
+        best = int(np.nanargmax(values))
+        ax.axvline(np.asarray(ks)[best], color="0.5", linestyle=":", linewidth=1)
+
+
+FIGURES: dict[str, Callable[[pd.DataFrame], FigureList]] = {
+    "speedup_vs_context": speedup_vs_context,
+    "acceptance_vs_context": acceptance_vs_context,
+    "fixed_k_ablation": fixed_k_ablation,
+    "budget_ablation": budget_ablation,
+    "entropy_distributions": entropy_distributions,
+    "entropy_roc": entropy_roc,
+    "entropy_trace": entropy_trace,
+    "efficiency_inversion": efficiency_inversion,
+}

@@ -1,0 +1,196 @@
+"""The paper's tables from the tidy results DataFrame: the method comparison (main-table style)
+and "paper vs measured"."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import paper
+from analysis.frames import method_label, select_experiment
+
+METHOD_TABLE_COLUMNS = ["model", "task", "source", "hardware", "ctx", "method", "runs", "n_prompts", "tokens_per_s",
+                        "ar_tokens_per_s", "speedup", "speedup_mean", "speedup_std",
+                        "acceptance_rate", "mean_accepted", "outputs_match_ar"]
+RUN_METRICS = {"tokens_per_s": "run_tokens_per_s", "ar_tokens_per_s": "run_ar_tokens_per_s",
+               "speedup": "run_speedup_vs_ar", "speedup_mean": "run_speedup_vs_ar_mean",
+               "speedup_std": "run_speedup_vs_ar_std", "acceptance_rate": "run_acceptance_rate",
+               "mean_accepted": "run_mean_accepted"}
+
+
+def per_run(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its setting and the pooled metrics of its summary.json."""
+    runs = df.drop_duplicates("run").copy()
+    runs["method"] = [method_label(m, k, b) for m, k, b in zip(runs["method"], runs["k"], runs["budget"])]
+    return runs
+
+
+def method_comparison(df: pd.DataFrame) -> pd.DataFrame:
+    """Main-table style: pooled tok/s, speedup, acceptance and mean accepted length per setting and
+    method. Each value is the run's own summary.json metric (the mean over runs when one setting
+    was run several times, e.g. seeds)."""
+    runs = per_run(select_experiment(df, ("method_comparison",)))
+    keys = ["model", "task", "source", "hardware", "ctx", "method"]
+    records = []
+    for key, group in runs.groupby(keys, dropna=False, sort=True):
+        record = dict(zip(keys, key))
+        record["runs"] = len(group)
+        record["n_prompts"] = int(group["run_n_prompts"].fillna(0).sum())
+        record.update({name: group[column].mean() for name, column in RUN_METRICS.items()})
+        matches = group["run_outputs_match_ar"].dropna()
+        record["outputs_match_ar"] = bool(matches.astype(bool).all()) if len(matches) else None
+        if record["method"] == "ar":                 # the reference itself; it drafts nothing
+            record["speedup"] = 1.0 if math.isnan(record["speedup"]) else record["speedup"]
+            record["acceptance_rate"] = math.nan
+        records.append(record)
+    table = pd.DataFrame(records, columns=METHOD_TABLE_COLUMNS)
+    return _order_methods(table)
+
+
+def _order_methods(table: pd.DataFrame) -> pd.DataFrame:
+    """ar first, then sparsespec, then the rest alphabetically, within each setting."""
+    rank = table["method"].map(lambda m: 0 if m == "ar" else 1 if m == "sparsespec" else 2)
+    return (table.assign(_rank=rank).sort_values(["model", "task", "ctx", "_rank", "method"], kind="stable")
+            .drop(columns="_rank").reset_index(drop=True))
+
+
+# ---------------------------------------------------------------- paper vs measured
+
+PAPER_VS_MEASURED_COLUMNS = ["table", "paper_method", "method", "paper_tokens_per_s", "measured_tokens_per_s",
+                             "paper_speedup", "measured_speedup", "paper_acceptance_rate",
+                             "measured_acceptance_rate", "paper_mean_accepted", "measured_mean_accepted",
+                             "measured_model", "measured_task", "measured_source", "measured_ctx",
+                             "measured_hardware",
+                             "differs"]
+
+
+def _norm(text: object) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(text).lower())
+
+
+def differing_settings(measured: dict, reference: dict) -> str:
+    """Which of model, hardware, context, benchmark differ from the reported setting (`reference`,
+    see analysis.paper); a setting the reference leaves unstated is not compared."""
+    differs = []
+    if _norm(reference["model"]) not in _norm(measured["model"]):
+        differs.append(f"model ({measured['model']} vs {reference['model']})")
+    if reference.get("hardware") and _norm(reference["hardware"]) not in _norm(measured["hardware"]):
+        differs.append(f"hardware ({measured['hardware']} vs {reference['hardware']})")
+    ctx = measured["ctx"]
+    if not ctx or math.isnan(ctx) or abs(ctx - reference["ctx"]) / reference["ctx"] > 0.1:
+        differs.append(f"context ({_k(ctx)} vs {_k(reference['ctx'])})")
+    benchmark = f"{measured['task']}/{measured['source']}"
+    if not any(_norm(key) in _norm(benchmark) for key in reference["benchmark_keys"]):
+        differs.append(f"benchmark ({benchmark} vs {reference['benchmark']})")
+    return "; ".join(differs) if differs else "none"
+
+
+def _k(ctx: float) -> str:
+    return f"{ctx / 1000:g}K" if ctx and not math.isnan(ctx) else "?"
+
+
+def comparison_settings(measured: pd.DataFrame) -> list[tuple]:
+    """The (model, task, source, hardware, ctx) to compare with the paper: per model x task x
+    hardware, the longest context at which SparseSpec-L was measured (the paper's is its longest)."""
+    ours = measured[measured["method"] == "sparsespec"]
+    ours = ours if not ours.empty else measured
+    settings = []
+    for key, group in ours.groupby(["model", "task", "source", "hardware"], sort=True, dropna=False):
+        settings.append((*key, group["ctx"].max()))
+    return settings
+
+
+def paper_vs_measured(df: pd.DataFrame) -> pd.DataFrame:
+    """The reported numbers (analysis.paper) beside the measured ones for the closest setting, with
+    the settings that differ named. Every paper row is kept; unmeasured values are NaN."""
+    measured = method_comparison(df)
+    settings = comparison_settings(measured) or [(None, None, None, None, math.nan)]
+    records = []
+    for setting in settings:
+        records += _main_table_rows(measured, setting) + _fixed_k_rows(measured, setting)
+        records.append(_brief_row(measured, setting))
+    return pd.DataFrame(records, columns=PAPER_VS_MEASURED_COLUMNS)
+
+
+def _measured_row(measured: pd.DataFrame, setting: tuple, method: str | None) -> dict:
+    model, task, source, hardware, ctx = setting
+    rows = measured[(measured["model"] == model) & (measured["task"] == task) & (measured["source"] == source)
+                    & (measured["hardware"] == hardware) & (measured["ctx"] == ctx) & (measured["method"] == method)]
+    return rows.iloc[0].to_dict() if len(rows) else {}
+
+
+def _row(table: str, paper_method: str, method: str | None, reported: dict, got: dict, setting: tuple,
+         reference: dict) -> dict:
+    model, task, source, hardware, ctx = setting
+    where = {"model": model, "task": task, "source": source, "hardware": hardware, "ctx": ctx}
+    return {"table": table, "paper_method": paper_method, "method": method or "(not implemented)",
+            **{f"paper_{q}": reported.get(q) for q in ("tokens_per_s", "speedup", "acceptance_rate",
+                                                      "mean_accepted")},
+            **{f"measured_{q}": got.get(q, np.nan) for q in ("tokens_per_s", "speedup", "acceptance_rate",
+                                                            "mean_accepted")},
+            **{f"measured_{k}": v for k, v in where.items()},
+            "differs": differing_settings(where, reference) if model else "not measured"}
+
+
+def _main_table_rows(measured: pd.DataFrame, setting: tuple) -> list[dict]:
+    return [_row("main (LongBench v2)", entry["paper_method"], entry["method"], entry,
+                 _measured_row(measured, setting, entry["method"]) if entry["method"] else {},
+                 setting, paper.SETTING) for entry in paper.MAIN_TABLE]
+
+
+def _fixed_k_rows(measured: pd.DataFrame, setting: tuple) -> list[dict]:
+    rows = []
+    for k, speedup in paper.FIXED_K_SPEEDUP.items():
+        method = "sparsespec" if k is None else f"sparsespec_fixed k={k}"
+        name = "controller" if k is None else f"fixed k={k}"
+        rows.append(_row("fixed-k ablation", name, method, {"speedup": speedup},
+                         _measured_row(measured, setting, method), setting, paper.SETTING))
+    return rows
+
+
+def _brief_row(measured: pd.DataFrame, setting: tuple) -> dict:
+    claim = paper.BRIEF_CLAIM
+    reference = {**paper.SETTING, **claim}
+    return _row("project brief", f"SparseSpec-L, up to {claim['speedup']}x at 60K", "sparsespec",
+                {"speedup": claim["speedup"]}, _measured_row(measured, setting, "sparsespec"), setting,
+                reference)
+
+
+# ---------------------------------------------------------------- writing
+
+def to_markdown(table: pd.DataFrame, floatfmt: str = "{:.3g}") -> str:
+    """A GitHub Markdown table (no tabulate needed); NaN/None print as '–'."""
+    def cell(value) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        if isinstance(value, float) and value.is_integer() and abs(value) >= 100:
+            return str(int(value))                   # context lengths, token counts
+        if isinstance(value, float):
+            return floatfmt.format(value)
+        return str(value).replace("|", "\\|")
+    header = "| " + " | ".join(map(str, table.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def write_table(table: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
+    """`stem`.csv, .md and (when jinja2 is importable) .tex under `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.csv", out_dir / f"{stem}.md"]
+    table.to_csv(paths[0], index=False)
+    paths[1].write_text(to_markdown(table))
+    try:
+        latex = table.to_latex(index=False, float_format="%.3g", na_rep="--")
+    except ImportError as error:                   # pandas' LaTeX writer needs jinja2
+        print(f"note: {stem}.tex skipped ({error})")
+        return paths
+    paths.append(out_dir / f"{stem}.tex")
+    paths[2].write_text(latex)
+    return paths
+
+
+TABLES = {"method_comparison": method_comparison, "paper_vs_measured": paper_vs_measured}
