@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny random models of each architecture (logic), the embedded real model (end to end)."""
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_flush_denormal(True)   # random weights on CPU produce denormals, which are very slow
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096,
+            initializer_range=0.3)   # wide init: less degenerate, less repetitive greedy text
+
+
+def build_tiny(arch: str, seed: int = 0, **overrides):
+    """A random fp32 model built from config. Each call gets its own config object (models built from
+    one config share it, and attention switches would leak between them)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
+    torch.manual_seed(seed)
+    kw = {**TINY, **overrides}
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kw))
+    elif arch == "mistral":   # a small sliding window, so prompts run past it
+        model = MistralForCausalLM(MistralConfig(**{"sliding_window": 64, **kw}))
+    elif arch == "qwen2":     # full layers first, then sliding layers
+        model = Qwen2ForCausalLM(Qwen2Config(**{"use_sliding_window": True, "sliding_window": 64,
+                                                "max_window_layers": 2, **kw}))
+    else:
+        raise ValueError(arch)
+    model.generation_config.eos_token_id = None   # random models would stop on EOS by chance
+    return model.eval()
+
+
+ARCHS = ("llama", "mistral", "qwen2")
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny_model(request):
+    return build_tiny(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    return {arch: build_tiny(arch) for arch in ARCHS}
+
+
+def random_prompt(length: int, seed: int = 1, vocab: int = 128) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab, (1, length), generator=g)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """SmolLM2-135M-Instruct, converted from its GGUF once and cached (about 25 s the first time)."""
+    from sparsespec.models import load_model
+    return load_model({"name": "smollm2_135m", "embedded": "smollm2_135m", "dtype": "float32"}, device="cpu")
+
+
+def stdlib_text(name: str) -> str:
+    return (Path(sysconfig.get_paths()["stdlib"]) / name).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def real_prose_prompt(real_model):
+    """About 1.2K tokens of the Python language reference (real prose that ships with Python)."""
+    _, tokenizer = real_model
+    text = stdlib_text("pydoc_data/topics.py")[20_000:26_000]
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :1200]
+    return ids
