@@ -158,7 +158,7 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     numeric = ["ctx", "seed", "temperature", "k", "budget", "budget_frac", "context_tokens",
                "new_tokens", "n_rounds", *[c for c in COLUMNS if c.endswith("_s")],
                "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "mean_accepted",
-               "acceptance_rate", "score", *[f"run_{k}" for k in METRIC_KEYS if k != "outputs_match_ar"]]
+               "acceptance_rate", "score", *[f"run_{k}" for k in METRIC_KEYS]]
     for column in dict.fromkeys(numeric):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     for column in ("run", "experiment", "model", "task", "source", "method", "dtype", "device",
@@ -257,13 +257,54 @@ def _download_json_files(run: Any, folder: Path) -> tuple[dict, list[dict]]:
 
 
 def _records_from_run_fields(run: Any) -> tuple[dict, list[dict]]:
-    """Fallback when the run carries no files: config, summary metrics, per-prompt history rows."""
+    """Fallback for a run without the two files: rebuild them from what the harness's W&B tracker
+    logs (sparsespec/harness/tracking.py): the resolved config, the summary metrics, the `samples`
+    table, `prompt/*` history rows (timings) and `round/*` history rows (the per-round trace, less
+    the per-token lists: entropies, accept_probs and survival are not logged there)."""
     config = dict(run.config)
     summary = {"run": config.get("run") or {}, "config": config,
                "metrics": {k: run.summary.get(k) for k in METRIC_KEYS},
-               "env": config.get("env") or {}}
-    samples = [dict(row) for row in run.scan_history() if row.get("prompt_id") is not None]
+               "env": config.get("env") or _env_from_metadata(run)}
+    history = list(run.scan_history())
+    prompts = {int(h["prompt/index"]): _strip(h, "prompt/") for h in history if h.get("prompt/index") is not None}
+    rounds: dict[int, list[dict]] = {}
+    for h in sorted((h for h in history if h.get("round/index") is not None), key=lambda h: h["round/index"]):
+        rounds.setdefault(int(h["round/prompt"]), []).append(_round_from_history(h))
+    table = _samples_table(run)
+    samples = []
+    for index, row in enumerate(table or [prompts[i] for i in sorted(prompts)]):
+        sample = {**prompts.get(index, {}), **row}
+        sample["time_split"] = {k: sample.pop(f"time_{k}_s", None) for k in TIME_SPLIT_KEYS}
+        sample["rounds"] = rounds.get(index, [])
+        samples.append(sample)
     return summary, samples
+
+
+def _strip(row: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix)}
+
+
+def _round_from_history(row: dict) -> dict:
+    fields = _strip(row, "round/")
+    return {**{k: v for k, v in fields.items() if k not in ("index", "prompt", "mean_entropy")},
+            "entropies": [], "accept_probs": [], "survival": [], "cost_draft": None, "cost_verify": None}
+
+
+def _samples_table(run: Any) -> list[dict]:
+    """The rows of the run's logged `samples` table (a table-file in its summary), [] if none."""
+    ref = run.summary.get("samples")
+    if not isinstance(ref, dict) or not ref.get("path"):
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        run.file(ref["path"]).download(root=tmp, replace=True)
+        table = json.loads((Path(tmp) / ref["path"]).read_text())
+    return [dict(zip(table["columns"], values)) for values in table["data"]]
+
+
+def _env_from_metadata(run: Any) -> dict:
+    """The little W&B's own system metadata says about the machine (GPU name, CPU count)."""
+    metadata = getattr(run, "metadata", None) or {}
+    return {"gpu": metadata.get("gpu"), "cpu": metadata.get("cpu"), "device": None}
 
 
 def records_from_wandb_run(run: Any) -> tuple[dict, list[dict]]:

@@ -102,7 +102,7 @@ def pooled_metrics(samples: list[dict]) -> dict:
             "mean_accepted": tokens / len(rounds), "acceptance_rate": sum(r["accepted"] for r in rounds) / drafted
             if drafted else 0.0, "prefill_s_mean": float(np.mean([s["prefill_s"] for s in samples])),
             "decode_s_mean": float(np.mean([s["decode_s"] for s in samples])),
-            "outputs_match_ar": None if not has_ar else all(s["outputs_match_ar"] for s in samples),
+            "outputs_match_ar": None if not has_ar else float(np.mean([s["outputs_match_ar"] for s in samples])),
             "score_mean": None}
 
 
@@ -208,21 +208,17 @@ class FakeFile:
         self.name, self.text = name, text
 
     def download(self, root: str, replace: bool = False):
-        (Path(root) / self.name).write_text(self.text)
+        path = Path(root) / self.name                   # like W&B: the file's folders are made under root
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.text)
 
 
 class FakeRun:
     """The parts of wandb.apis.public.Run the loader uses: id, config, summary, files, history."""
 
-    def __init__(self, run_dir: Path, with_files: bool):
-        summary = json.loads((run_dir / "summary.json").read_text())
-        self.id = run_dir.name
-        # As the harness's W&B logger records a run: the resolved config plus the run and env sections.
-        self.config = {**summary["config"], "run": summary["run"], "env": summary["env"]}
-        self.summary = summary["metrics"]
-        self._samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
-        self._files = {n: FakeFile(n, (run_dir / n).read_text()) for n in ("summary.json", "samples.jsonl")
-                       } if with_files else {}
+    def __init__(self, run_id: str, config: dict, summary: dict, files: dict[str, str], history: list[dict]):
+        self.id, self.config, self.summary, self._history = run_id, config, summary, history
+        self._files = {n: FakeFile(n, text) for n, text in files.items()}
 
     def files(self):
         return list(self._files.values())
@@ -231,7 +227,50 @@ class FakeRun:
         return self._files[name]
 
     def scan_history(self):
-        return iter([{"_step": i, **s} for i, s in enumerate(self._samples)] + [{"_step": 99, "loss": 0.0}])
+        return iter(self._history)
+
+
+def uploaded_run(run_dir: Path) -> FakeRun:
+    """A W&B run that carries the run folder's summary.json and samples.jsonl as files."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return FakeRun(run_dir.name, summary["config"], summary["metrics"],
+                   {n: (run_dir / n).read_text() for n in ("summary.json", "samples.jsonl")}, [])
+
+
+class RecordingWandbRun:
+    """Stands in for the run `wandb.init` returns, recording what the harness's tracker logs."""
+
+    def __init__(self, folder: Path):
+        self.dir, self.history, self.summary = str(folder / "wandb" / "files"), [], {}
+
+    def define_metric(self, *args, **kwargs):
+        pass
+
+    def log(self, row: dict):
+        self.history.append(row)
+
+    def finish(self):
+        pass
+
+
+def recorded_run(run_dir: Path) -> FakeRun:
+    """What the W&B API returns for a run logged by sparsespec/harness/tracking.py (no files uploaded):
+    the tracker is driven with the run folder's samples and its calls recorded."""
+    from sparsespec.harness.tracking import WandbTracker
+    summary = json.loads((run_dir / "summary.json").read_text())
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    recording = RecordingWandbRun(run_dir)
+    tracker = WandbTracker(recording)
+    for index, sample in enumerate(samples):
+        tracker.log_prompt(index, sample)
+    tracker.log_summary(summary["metrics"])
+    tracker.log_samples(samples)
+    table = next(row["samples"] for row in recording.history if "samples" in row)
+    path = "media/table/samples_0_0.table.json"
+    history = [{"_step": i, **row} for i, row in enumerate(recording.history) if "samples" not in row]
+    return FakeRun(run_dir.name, summary["config"],
+                   {**recording.summary, "samples": {"_type": "table-file", "path": path}},
+                   {path: json.dumps({"columns": list(table.columns), "data": table.data})}, history)
 
 
 class FakeApi:
@@ -248,19 +287,35 @@ def _without_origin(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
-@pytest.mark.parametrize("with_files", [True, False], ids=["uploaded-files", "config+history"])
-def test_wandb_runs_map_to_the_same_frame_as_local_folders(results, frame, with_files):
-    run_dirs = sorted(p.parent for p in results.rglob("summary.json"))
-    api = FakeApi([FakeRun(d, with_files) for d in run_dirs])
+def test_wandb_runs_with_uploaded_files_give_the_same_frame_as_local_folders(results, frame):
+    api = FakeApi([uploaded_run(p.parent) for p in sorted(results.rglob("summary.json"))])
     wandb_df = load_wandb("me/sparsespec", group="speedup_vs_context_cpu", api=api)
     assert api.calls == [("me/sparsespec", {"group": "speedup_vs_context_cpu"})]
     assert list(wandb_df.columns) == list(COLUMNS)
     pd.testing.assert_frame_equal(_without_origin(wandb_df), _without_origin(frame))
 
 
+# What the tracker's history cannot carry: the machine (W&B metadata only), the resolved device and
+# the per-token lists of each round.
+NOT_IN_WANDB_HISTORY = ["hardware", "device", "rounds"]
+ROUND_SCALARS = ["drafted", "accepted", "emitted", "draft_s", "verify_s", "select_s", "draft_steps"]
+
+
+def test_wandb_runs_logged_by_the_harness_tracker_map_to_the_same_rows(results, frame):
+    api = FakeApi([recorded_run(p.parent) for p in sorted(results.rglob("summary.json"))])
+    wandb_df = load_wandb("me/sparsespec", api=api)
+    assert api.calls == [("me/sparsespec", None)]
+    assert list(wandb_df.columns) == list(COLUMNS)
+    got, want = _without_origin(wandb_df), _without_origin(frame)
+    pd.testing.assert_frame_equal(got.drop(columns=NOT_IN_WANDB_HISTORY), want.drop(columns=NOT_IN_WANDB_HISTORY))
+    for got_rounds, want_rounds in zip(got["rounds"], want["rounds"]):
+        assert [[r[f] for f in ROUND_SCALARS] for r in got_rounds] == [[r[f] for f in ROUND_SCALARS]
+                                                                       for r in want_rounds]
+
+
 def test_wandb_run_label_names_the_run(results):
     run_dir = next(p.parent for p in results.rglob("summary.json"))
-    rows = rows_from_wandb_run(FakeRun(run_dir, with_files=True))
+    rows = rows_from_wandb_run(uploaded_run(run_dir))
     assert {r["run"] for r in rows} == {f"wandb:{run_dir.name}"}
 
 
