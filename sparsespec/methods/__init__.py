@@ -5,12 +5,17 @@ kind of drafter is a module here with a `Drafter` subclass, registered below."""
 from __future__ import annotations
 
 from .ar import AutoregressiveDrafter
+from .assisted import AssistedDrafter
 from .base import Drafter
+from .layerskip import LayerSkipDrafter
+from .oracle import OracleDrafter
+from .pld import PromptLookupDrafter
 from .sparse_kv import SnapKVStaticDrafter, SparseKVDrafter, StreamingDrafter
 
 METHODS: dict[str, type[Drafter]] = {
     cls.name: cls
-    for cls in (AutoregressiveDrafter, SparseKVDrafter, StreamingDrafter, SnapKVStaticDrafter)
+    for cls in (AutoregressiveDrafter, SparseKVDrafter, StreamingDrafter, SnapKVStaticDrafter,
+                OracleDrafter, LayerSkipDrafter, AssistedDrafter, PromptLookupDrafter)
 }
 
 

@@ -1,0 +1,49 @@
+"""Prompt-lookup decoding: draft the tokens that followed the latest earlier occurrence of the
+last n-gram (n = max_ngram down to 1) in the prompt and output so far. No model runs to draft.
+
+Drafts are deterministic, so under sampling the draft distribution is one-hot (q(d) = 1) and the
+rejection rule accepts d with probability p(d)."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from .base import DecodeState, Draft, Drafter
+
+
+def lookup_continuation(history: torch.Tensor, max_ngram: int, limit: int) -> torch.Tensor:
+    """Up to `limit` tokens that followed the most recent earlier match of the longest matching
+    suffix n-gram of `history` (1-D). Empty when nothing matches."""
+    for n in range(max_ngram, 0, -1):
+        if history.numel() <= n:
+            continue
+        windows = history[:-1].unfold(0, n, 1)                       # (L - n, n): every earlier n-gram
+        hits = (windows == history[-n:]).all(dim=1).nonzero().flatten()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return history[start:start + limit]
+    return history[:0]
+
+
+class PromptLookupDrafter(Drafter):
+    name = "pld"
+    OPTIONS = {"max_ngram": 2}          # transformers' `max_matching_ngram_size` default
+    controllers = ("fixed", "heuristic")
+
+    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, max_ngram):
+        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
+        if not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ConfigError(f"max_ngram={max_ngram!r} must be an integer >= 1")
+        self.max_ngram = max_ngram
+
+    def draft(self, state: DecodeState, controller, timers) -> Draft:
+        out = Draft(probs=None)             # one-hot drafts: accept_sampling builds q itself
+        with timers.draft:
+            proposal = lookup_continuation(state.history(), self.max_ngram, self.max_k)
+            zero = proposal.new_zeros((), dtype=torch.float32)
+            for token in proposal:
+                out.tokens.append(token)
+                out.entropies.append(zero)
+                if not controller.keep_drafting(out.entropies):
+                    break
+        return out
