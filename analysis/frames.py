@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis.load import FIXED_K_METHODS
 from analysis.metrics import predicted_ratio
 
 # Columns that identify a setting, carried onto the per-round and per-token frames.
@@ -29,10 +30,19 @@ def _isnan(value) -> bool:
 
 
 def with_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` plus a `label` column (method and swept options)."""
+    """`df` plus a `label` column: the method, plus k and the budget where they tell its runs apart
+    (k always for fixed-k SparseSpec-L; an option left at its default reads as the plain name)."""
     out = df.copy()
-    out["label"] = [method_label(m, k, b) for m, k, b in zip(out["method"], out["k"], out["budget"])]
+    show_k = {m: m in FIXED_K_METHODS or _varies(rows["k"]) for m, rows in out.groupby("method")}
+    show_budget = {m: _varies(rows["budget"]) for m, rows in out.groupby("method")}
+    out["label"] = [method_label(m, k if show_k.get(m) else math.nan, b if show_budget.get(m) else math.nan)
+                    for m, k, b in zip(out["method"], out["k"], out["budget"])]
     return out
+
+
+def _varies(values: pd.Series) -> bool:
+    """More than one distinct value, a missing one (the default) counting as a value."""
+    return values.astype("float64").fillna(-1.0).nunique() > 1
 
 
 def select_experiment(df: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:

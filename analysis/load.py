@@ -319,7 +319,9 @@ def records_from_wandb_run(run: Any) -> tuple[dict, list[dict]]:
 def rows_from_wandb_run(run: Any) -> list[dict]:
     """The DataFrame rows of one W&B run (`wandb.apis.public.Run` or anything shaped like it)."""
     summary, samples = records_from_wandb_run(run)
-    experiment = (summary.get("config") or {}).get("experiment_name")
+    # conf/experiment/*.yaml tag their runs with the experiment's family name first.
+    tags = list(getattr(run, "tags", None) or [])
+    experiment = tags[0] if tags else None
     return rows_from_records(summary, samples, f"wandb:{run.id}", experiment)
 
 

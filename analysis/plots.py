@@ -113,7 +113,8 @@ def acceptance_vs_context(df: pd.DataFrame) -> FigureList:
 
 def fixed_k_ablation(df: pd.DataFrame) -> FigureList:
     fixed = select_experiment(df, ("fixed_k_ablation",))
-    fixed = fixed[(fixed["controller"] == "fixed") & fixed["k"].notna()].dropna(subset=["speedup_vs_ar"])
+    fixed = fixed[(fixed["controller"] == "fixed") & fixed["k"].notna() & fixed["method"].str.startswith("sparsespec")]
+    fixed = fixed.dropna(subset=["speedup_vs_ar"])
     if fixed["k"].nunique() < 2:
         raise SkipFigure("needs fixed-k runs (sparsespec_fixed) at two or more k with an AR reference")
     controlled = df[(df["controller"] == "entropy") & df["budget"].isna()].dropna(subset=["speedup_vs_ar"])
@@ -277,6 +278,9 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
     rounds = rounds[(rounds["drafted"] > 0) & rounds["round_tokens_per_s"].notna()] if not rounds.empty else rounds
     if rounds.empty or rounds["drafted"].nunique() < 2:
         raise SkipFigure("needs speculative rounds at two or more draft lengths k")
+    # The prediction needs the entropy controller's traces; fixed-k runs record none, so they come
+    # from any controller run at the same model, task and context.
+    traces = rounds_frame(speculative(df[df["controller"] == "entropy"]))
     figures = []
     for suffix, group in per_model_task(rounds):
         fig, (left, right) = new_figure(ncols=2, width=5.2)
@@ -292,7 +296,9 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
         left.set_xlabel("draft length k (tokens)")
         left.set_ylabel("tokens / s per round (measured)")
         left.legend(fontsize=8)
-        _predicted_panel(right, group)
+        _predicted_panel(right, traces[(traces["model"] == group["model"].iloc[0]) &
+                                       (traces["task"] == group["task"].iloc[0]) &
+                                       traces["ctx"].isin(group["ctx"].unique())] if not traces.empty else traces)
         caption(fig, rows[(rows["model"] == group["model"].iloc[0]) & (rows["task"] == group["task"].iloc[0])],
                 "Efficiency inversion: measured tokens/s per round vs k, and the controller's prediction")
         figures.append((f"efficiency_inversion__{suffix}", fig))
@@ -301,7 +307,8 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
 
 def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
     """Mean over controller rounds of (1 + sum_{j<=m} pi_j) / (m C_d + C_v) for each prefix m."""
-    traced = rounds[rounds["survival"].map(len) > 0].dropna(subset=["cost_draft", "cost_verify"])
+    traced = rounds[rounds["survival"].map(len) > 0].dropna(subset=["cost_draft", "cost_verify"]) \
+        if not rounds.empty else rounds
     if traced.empty:
         ax.text(0.5, 0.5, "no controller trace (survival, C_d, C_v)\nin these runs",
                 ha="center", va="center", transform=ax.transAxes)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import paper
-from analysis.frames import method_label, select_experiment
+from analysis.frames import select_experiment, with_labels
 
 METHOD_TABLE_COLUMNS = ["model", "task", "source", "hardware", "ctx", "method", "runs", "n_prompts", "tokens_per_s",
                         "ar_tokens_per_s", "speedup", "speedup_mean", "speedup_std",
@@ -23,9 +23,9 @@ RUN_METRICS = {"tokens_per_s": "run_tokens_per_s", "ar_tokens_per_s": "run_ar_to
 
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
     """One row per run: its setting and the pooled metrics of its summary.json."""
-    runs = df.drop_duplicates("run").copy()
-    runs["method"] = [method_label(m, k, b) for m, k, b in zip(runs["method"], runs["k"], runs["budget"])]
-    return runs
+    runs = with_labels(df.drop_duplicates("run"))
+    runs["method"] = runs["label"]
+    return runs.drop(columns="label")
 
 
 def method_comparison(df: pd.DataFrame) -> pd.DataFrame:
