@@ -1,0 +1,48 @@
+"""Run one configuration (or a sweep with -m): `python run.py [key=value ...]`. See docs/harness.md.
+
+Results land in Hydra's output folder: samples.jsonl, summary.json (schema: docs/CONTRACTS.md).
+Re-running the same settings into the same folder (`hydra.run.dir=...`) resumes.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from sparsespec.errors import ConfigError, UnavailableError
+from sparsespec.harness.callbacks import ERROR_FILE
+from sparsespec.harness.contexts import exact_context_overrides
+
+log = logging.getLogger("run")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> dict | None:
+    from sparsespec.harness.runner import run  # torch & co. load only once Hydra has parsed the command line
+
+    hydra_cfg = HydraConfig.get()
+    folder = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    sweep = Path(hydra_cfg.sweep.dir)
+    try:
+        return run(cfg, folder, group=f"{sweep.parent.name}_{sweep.name}" if multirun else None)
+    except (ConfigError, UnavailableError) as err:
+        message = " ".join(str(err).split())   # one line, whatever the message held
+        if not multirun:
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(2)
+        # In a sweep one bad job must not stop the others: leave the error in its folder; the
+        # SweepReport callback lists them all at the end and exits 2.
+        (folder / ERROR_FILE).write_text(message + "\n")
+        log.error("error: %s", message)
+        return None
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = exact_context_overrides(sys.argv[1:])
+    main()

@@ -1,0 +1,75 @@
+"""Where a run ran: package versions, git commit, CPU and GPU, threads, dtype (for summary.json)."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "hydra-core",
+            "omegaconf", "hydra-submitit-launcher", "submitit", "wandb", "datasets", "numpy", "gguf")
+REPO = Path(__file__).resolve().parents[2]   # the checkout that holds this package
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """Commit of the checkout and whether tracked files differ from it (None outside a repo)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu": None, "gpu_count": 0, "cuda": None}
+    return {"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda}
+
+
+def collect(*, device: str, dtype: str) -> dict:
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "packages": package_versions(),
+        "git": git_state(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        **gpu_info(),
+        "device": device,
+        "dtype": dtype,
+    }

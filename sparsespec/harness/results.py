@@ -1,0 +1,173 @@
+"""Result files of one run (schema: docs/CONTRACTS.md): samples.jsonl, summary.json, resume.json.
+
+samples.jsonl gets one line per finished prompt, flushed and fsynced at once, so a killed run
+loses nothing that finished and a re-run into the same folder resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from sparsespec.errors import ConfigError
+
+SAMPLES = "samples.jsonl"
+SUMMARY = "summary.json"
+RESUME = "resume.json"   # the settings that fix every sample; a resume must match them
+
+
+# --------------------------------------------------------------------------------------------
+# samples.jsonl
+
+
+class SamplesFile:
+    """Append-only JSON lines, keyed by (prompt_id, method)."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / SAMPLES
+
+    def load(self) -> list[dict]:
+        """Every finished sample. A last line cut short by a kill is dropped (and cut from the file)."""
+        if not self.path.exists():
+            return []
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        complete, tail = lines[:-1], lines[-1]      # bytes after the last newline never finished
+        if tail:
+            with open(self.path, "r+b") as f:
+                f.truncate(len(raw) - len(tail))
+        samples = []
+        for number, line in enumerate(complete, 1):
+            if not line.strip():
+                continue
+            try:
+                samples.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{self.path} line {number} is not valid JSON ({err.msg}); "
+                                  f"fix or delete that line to resume") from None
+        return samples
+
+    def append(self, sample: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(sample, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def sample_key(sample: dict) -> tuple[str, str]:
+    return sample["prompt_id"], sample["method"]
+
+
+# --------------------------------------------------------------------------------------------
+# one sample
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or not den:
+        return None
+    return num / den
+
+
+def build_sample(*, prompt, gen, ref, names: dict, ctx: int, text: str, score: float | None,
+                 greedy: bool) -> dict:
+    """One samples.jsonl line. `gen` is the method's Generation, `ref` the AR one (or None);
+    for the AR method itself pass ref=gen: its reference is itself."""
+    return {
+        "prompt_id": str(prompt.id),
+        "model": names["model"], "task": names["task"], "source": names["source"], "method": names["method"],
+        "ctx": ctx,
+        "context_tokens": gen.prompt_tokens,
+        "new_tokens": len(gen.tokens),
+        "prefill_s": gen.prefill_s,
+        "decode_s": gen.decode_s,
+        "tokens_per_s": gen.tokens_per_s,
+        "mean_accepted": gen.mean_accepted,
+        "acceptance_rate": gen.acceptance_rate,
+        "time_split": gen.time_split(),
+        "rounds": [asdict(r) for r in gen.rounds],
+        "ar_tokens_per_s": ref.tokens_per_s if ref else None,
+        "ar_decode_s": ref.decode_s if ref else None,
+        "ar_prefill_s": ref.prefill_s if ref else None,
+        "speedup_vs_ar": _ratio(gen.tokens_per_s, ref.tokens_per_s) if ref else None,
+        "outputs_match_ar": (gen.tokens == ref.tokens) if (ref is not None and ref is not gen and greedy) else None,
+        "text": text,
+        "reference": prompt.reference,
+        "score": score,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# aggregates
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    """Sample standard deviation across prompts; None below two prompts."""
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def aggregate(samples: list[dict]) -> dict:
+    """The summary metrics of docs/CONTRACTS.md. Throughputs are pooled: sum of tokens over sum of
+    seconds; the `_mean` / `_std` variants are across prompts. Nulls are left out of means."""
+    decode_tokens = sum(sum(r["emitted"] for r in s["rounds"]) for s in samples)
+    decode_s = sum(s["decode_s"] for s in samples)
+    rounds = sum(len(s["rounds"]) for s in samples)
+    drafted = sum(r["drafted"] for s in samples for r in s["rounds"])
+    accepted = sum(r["accepted"] for s in samples for r in s["rounds"])
+    with_ar = [s for s in samples if s["ar_tokens_per_s"] is not None and s["ar_decode_s"] is not None]
+    ar_tokens = sum(s["ar_tokens_per_s"] * s["ar_decode_s"] for s in with_ar)
+    ar_s = sum(s["ar_decode_s"] for s in with_ar)
+    tokens_per_s = _ratio(decode_tokens, decode_s)
+    ar_tokens_per_s = _ratio(ar_tokens, ar_s)
+    speedups = [s["speedup_vs_ar"] for s in samples if s["speedup_vs_ar"] is not None]
+    matches = [s["outputs_match_ar"] for s in samples if s["outputs_match_ar"] is not None]
+    scores = [s["score"] for s in samples if s["score"] is not None and not math.isnan(s["score"])]
+    return {
+        "n_prompts": len(samples),
+        "tokens_per_s": tokens_per_s,
+        "ar_tokens_per_s": ar_tokens_per_s,
+        "speedup_vs_ar": _ratio(tokens_per_s, ar_tokens_per_s) if with_ar else None,
+        "speedup_vs_ar_mean": _mean(speedups),
+        "speedup_vs_ar_std": _std(speedups),
+        "mean_accepted": _ratio(decode_tokens, rounds),
+        "acceptance_rate": _ratio(accepted, drafted) if drafted else 0.0,
+        "prefill_s_mean": _mean([s["prefill_s"] for s in samples]),
+        "decode_s_mean": _mean([s["decode_s"] for s in samples]),
+        "outputs_match_ar": _mean([float(m) for m in matches]),
+        "score_mean": _mean(scores),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# summary.json and the resume guard
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write via a temporary file and one rename, so a reader never sees half a file."""
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def check_resume(folder: Path, settings: dict) -> bool:
+    """Record `settings` on a fresh folder; on a re-run insist they are unchanged.
+
+    Returns True when the folder already held a run of these settings (a resume).
+    """
+    path = Path(folder) / RESUME
+    if not path.exists():
+        write_json(path, settings)
+        return False
+    before = json.loads(path.read_text(encoding="utf-8"))
+    if before != settings:
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        detail = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+        raise ConfigError(f"{folder} holds results of different settings ({detail}); "
+                          f"resume with the same settings or choose another hydra.run.dir")
+    return True
