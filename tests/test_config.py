@@ -1,0 +1,168 @@
+"""The config tree composes for every model x task x ctx x method, and the checks that run before
+any model loads say the right thing. Nothing here loads a model."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from sparsespec.decode import CONTROLLER_OPTIONS
+from sparsespec.errors import ConfigError
+from sparsespec.harness.checks import check_config, method_options, model_spec
+from sparsespec.harness.contexts import exact_context_overrides
+from sparsespec.methods import METHODS
+from sparsespec.models import EMBEDDED_MODELS, ModelSpec
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def hydra_conf():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield
+
+
+def make(*overrides: str):
+    return compose(config_name="config", overrides=exact_context_overrides(list(overrides)))
+
+
+def test_config_groups_hold_what_the_issue_names():
+    assert set(options("model")) >= {"smollm2_135m", "qwen2.5_coder_0.5b", "llama3_8b", "mistral_7b",
+                                     "llama3.1_8b", "qwen2.5_7b"}
+    assert set(options("task")) >= {"summarization", "qa", "code"}
+    assert set(options("ctx")) >= {f"{n}k" for n in (1, 2, 4, 8, 16, 32, 10, 20, 30, 40, 50, 60, 64, 128)}
+    assert set(options("method")) >= {"ar", "sparsespec", "sparsespec_fixed"}
+    assert set(options("logger")) == {"wandb", "none"}
+
+
+def test_defaults(hydra_conf):
+    cfg = make()
+    assert (cfg.model.name, cfg.task.name, cfg.ctx, cfg.method.label, cfg.logger.name) == \
+        ("smollm2_135m", "summarization", 2000, "sparsespec", "wandb")
+    assert cfg.method.options.controller == "entropy"
+    assert cfg.max_new_tokens == 128 and cfg.temperature == 0.0 and cfg.compare_ar is True
+    assert cfg.task.source == "embedded" and cfg.model.embedded == "smollm2_135m"
+    assert cfg.dtype == "float32" and cfg.device == "auto"
+    check_config(cfg)
+
+
+def test_wandb_is_offline_unless_asked(hydra_conf, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert make().logger.mode == "offline"
+    assert make("logger.mode=online").logger.mode == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert make().logger.mode == "disabled"
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_every_combination_composes(hydra_conf, model):
+    """model x task x ctx x method (here one model's share of the product): each composes into a
+    config the checks accept, or is rejected exactly when prompt + new tokens exceed the model's
+    context. About 0.1 s per composition."""
+    failures = []
+    for task, ctx, method in itertools.product(options("task"), options("ctx"), options("method")):
+        cfg = make(f"model={model}", f"task={task}", f"ctx={ctx}", f"method={method}", "logger=none")
+        assert cfg.ctx == int(ctx[:-1]) * 1000 and cfg.task.name == task and cfg.model.name == model
+        ModelSpec.coerce(model_spec(cfg))
+        too_long = cfg.ctx + cfg.max_new_tokens > cfg.model.max_context
+        try:
+            check_config(cfg)
+            rejected = False
+        except ConfigError as err:
+            rejected = True
+            if "max_context" not in str(err):
+                failures.append((model, task, ctx, method, str(err)))
+        if rejected != too_long:
+            failures.append((model, task, ctx, method, f"rejected={rejected}, too_long={too_long}"))
+    assert not failures, failures[:5]
+
+
+def test_dotted_model_names_work_on_the_command_line(hydra_conf):
+    assert make("model=qwen2.5_coder_0.5b").model.max_context == 32768
+    assert make("model=llama3.1_8b").model.path == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_model_files_are_model_specs():
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    for name in options("model"):
+        node = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+        assert set(node) == fields, name
+        assert node["name"] == name
+        assert node["embedded"] is None or node["embedded"] in EMBEDDED_MODELS
+        ModelSpec.coerce(node)
+
+
+def test_model_path_replaces_the_embedded_copy(hydra_conf):
+    spec = model_spec(make("model.path=/some/folder"))
+    assert spec["path"] == "/some/folder" and spec["embedded"] is None
+    ModelSpec.coerce(spec)
+
+
+def test_method_options_are_engine_options(hydra_conf):
+    for name in options("method"):
+        cfg = make(f"method={name}")
+        assert cfg.method.name in METHODS
+        accepted = CONTROLLER_OPTIONS | set(METHODS[cfg.method.name].OPTIONS)
+        assert set(cfg.method.options) <= accepted, (name, set(cfg.method.options) - accepted)
+
+
+def test_method_options_drop_nulls(hydra_conf):
+    assert method_options(make("method=sparsespec_fixed", "method.options.k=12")) == {"controller": "fixed", "k": 12}
+    assert method_options(make("method=ar")) == {}
+
+
+def test_named_contexts_are_thousands(hydra_conf):
+    assert make("ctx=1k").ctx == 1000
+    assert make("ctx=60k").ctx == 60000
+    assert make("ctx=128k").ctx == 128000
+
+
+def test_exact_integer_context(hydra_conf):
+    assert exact_context_overrides(["ctx=3000", "seed=1"]) == ["ctx='3000'", "seed=1"]
+    assert make("ctx=3000").ctx == 3000
+    assert exact_context_overrides(["ctx=3000,60k"]) == ["ctx='3000',60k"]
+    assert exact_context_overrides(["ctx=60k", "model.max_context=100"]) == ["ctx=60k", "model.max_context=100"]
+
+
+def test_experiment_overrides_last(hydra_conf):
+    cfg = make("experiment=smoke")
+    assert cfg.ctx == 1000 and cfg.num_prompts == 2 and cfg.max_new_tokens == 16
+    check_config(cfg)
+
+
+def test_submitit_launchers_compose(hydra_conf):
+    for launcher, target in (("submitit_local", "LocalLauncher"), ("submitit_slurm", "SlurmLauncher")):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+        assert cfg.hydra.launcher._target_.endswith(target)
+    cfg = compose(config_name="config", return_hydra_config=True,
+                  overrides=["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
+                             "hydra.launcher.gpus_per_node=1", "hydra.launcher.timeout_min=240",
+                             "hydra.launcher.mem_gb=64"])
+    assert (cfg.hydra.launcher.partition, cfg.hydra.launcher.gpus_per_node) == ("gpu", 1)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
+    (["ctx=8k", "max_new_tokens=500"], "exceeds model smollm2_135m's max_context=8192"),
+    (["ctx=1k", "method.options.budget=5000"], "budget=5000"),
+    (["method.options.controller=magic"], "magic"),
+    (["+method.options.bogus=1"], "bogus"),
+    (["method=ar", "+method.options.budget=0.1"], "budget"),
+    (["method.name=nosuch"], "nosuch"),
+    (["ctx=-5"], "ctx=-5"),
+    (["device=tpu"], "tpu"),
+    (["top_p=0"], "top_p"),
+])
+def test_bad_values_are_named(hydra_conf, overrides, fragment):
+    with pytest.raises(ConfigError, match=None) as info:
+        check_config(make(*overrides))
+    message = str(info.value)
+    assert fragment in message and "\n" not in message
