@@ -82,7 +82,7 @@ class Generation:
     def summary(self) -> dict:
         """Scalar metrics, as logged by the harness."""
         return {"method": self.method, "prompt_tokens": self.prompt_tokens,
-                "new_tokens": len(self.tokens), "rounds": len(self.rounds),
+                "new_tokens": len(self.tokens), "num_rounds": len(self.rounds),
                 "prefill_s": self.prefill_s, "decode_s": self.decode_s,
                 "tokens_per_s": self.tokens_per_s, "mean_accepted": self.mean_accepted,
                 "acceptance_rate": self.acceptance_rate,

@@ -78,9 +78,19 @@ def accept_sampling(draft: torch.Tensor, draft_probs: torch.Tensor | None, targe
         draft_probs = torch.zeros_like(p[:k]).scatter_(-1, draft.view(-1, 1), 1.0)
     for i in range(k):
         token = int(draft[i])
-        p_tok, q_tok = float(p[i, token]), float(draft_probs[i, token])
-        if sampler.uniform(p.device) * q_tok < p_tok:                      # u < min(1, p/q)
+        if sampler.uniform(p.device) < acceptance_probability(p[i], draft_probs[i], token):
             continue
-        residual = (p[i] - draft_probs[i]).clamp_min(0.0)
-        return i, int(sampler.draw(residual / residual.sum()))
+        return i, int(sampler.draw(residual_distribution(p[i], draft_probs[i])))
     return k, int(sampler.draw(p[k]))
+
+
+def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> float:
+    """min(1, p(token) / q(token)) for (V,) distributions; q(token) > 0 as token was drawn from q."""
+    q_tok = float(q[token])
+    return 1.0 if q_tok <= 0 else min(1.0, float(p[token]) / q_tok)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): where to draw from after a rejection."""
+    residual = (p - q).clamp_min(0.0)
+    return residual / residual.sum()

@@ -1,0 +1,130 @@
+"""The entropy controller's math on hand-computed cases, its online rule, and its traces."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import sparsespec
+from conftest import build_tiny, random_prompt
+from sparsespec.controller import (EntropyController, FixedK, choose_k, expected_ratio, paper_acceptance,
+                                   survival)
+
+
+def test_acceptance_probability_at_the_centres_and_halfway():
+    mu_acc, mu_rej = 1.0, 3.0
+    at_acc = 1 / (1 + math.exp(-2))          # |H-mu_acc| = 0, |H-mu_rej| = 2
+    assert paper_acceptance(1.0, mu_acc, mu_rej) == pytest.approx(at_acc)
+    assert paper_acceptance(3.0, mu_acc, mu_rej) == pytest.approx(1 - at_acc)
+    assert paper_acceptance(2.0, mu_acc, mu_rej) == pytest.approx(0.5)
+    assert paper_acceptance(-5.0, mu_acc, mu_rej) == pytest.approx(at_acc)  # beyond a centre: saturates
+
+
+def test_survival_is_the_running_product():
+    assert survival([0.9, 0.5, 0.2]) == pytest.approx([0.9, 0.45, 0.09])
+
+
+def test_k_star_for_a_given_cost_ratio():
+    # p = 0.8 everywhere, C_d = 1, C_v = 2 (flat): R(k) = (1 + sum 0.8^m) / (k + 2)
+    probs = [0.8] * 8
+    ratios = [expected_ratio(survival(probs), k, 1.0, lambda k: 2.0) for k in range(1, 9)]
+    # by hand: R(1)=1.8/3=0.600, R(2)=2.44/4=0.610, R(3)=2.952/5=0.590
+    assert ratios[:3] == pytest.approx([0.6, 0.61, 0.5904])
+    assert choose_k(probs, range(1, 9), 1.0, lambda k: 2.0) == 2
+
+
+def test_efficiency_inversion_more_expensive_drafts_mean_shorter_k():
+    probs = [0.9] * 16
+    ks = [choose_k(probs, range(1, 17), c_d, lambda k: 1.0) for c_d in (0.01, 0.05, 0.2, 1.0)]
+    assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
+
+
+def test_equal_centres_keep_the_prior_k():
+    ctl = EntropyController(prior_k=5, warmup_rounds=0)
+    ctl.mu_acc = ctl.mu_rej = 1.2
+    ctl.c_draft = 0.01
+    ctl.c_verify.add(4, 0.1)
+    ctl.start_round(limit=100)
+    drafted = []
+    while True:
+        drafted.append(torch.tensor(0.3))
+        if not ctl.keep_drafting(drafted):
+            break
+    assert len(drafted) == 5 and ctl.submit_count(5) == 5
+
+
+def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
+    """Feed entropies one draft token at a time; return (tokens drafted, tokens submitted)."""
+    ctl.start_round(limit=limit)
+    seen = []
+    for h in entropies:
+        seen.append(torch.tensor(h))
+        if not ctl.keep_drafting(seen):
+            break
+    return len(seen), ctl.submit_count(len(seen))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_online_rule_chooses_the_closed_form_k(seed):
+    rng = random.Random(seed)
+    candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0)
+    ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
+    ctl.c_draft = rng.uniform(0.005, 0.5)
+    ctl.c_verify.add(2, rng.uniform(0.1, 1.0))
+    ctl.c_verify.add(8, ctl.c_verify(2) + rng.uniform(0, 0.5))
+    entropies = [rng.uniform(0, 4) for _ in range(16)]
+    probs = [ctl.acceptance(h) for h in entropies]
+    closed = choose_k(probs, candidates, ctl.c_draft, ctl.c_verify)
+    drafted, submitted = run_online(ctl, entropies)
+    assert submitted == closed
+    assert drafted <= max(candidates)                 # never drafts past max(K)
+    assert drafted >= closed
+
+
+def test_online_rule_stops_early_on_a_high_entropy_token():
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0)
+    ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
+    ctl.c_verify.add(4, 0.2)
+    drafted, submitted = run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2])
+    assert submitted == 3 and drafted == 4            # the high-entropy 4th token was drafted, not sent
+
+
+def test_warmup_cycles_and_centres_update():
+    ctl = EntropyController(warmup_k=(4, 8), warmup_rounds=2)
+    assert run_online(ctl, [0.1] * 16) == (4, 4)
+    ctl.observe([0.1, 0.2, 0.3, 2.0], accepted=3, submitted=4, draft_step_s=0.01, verify_s=0.05)
+    assert run_online(ctl, [0.1] * 16) == (8, 8)
+    assert ctl.mu_acc is not None and ctl.mu_rej == pytest.approx(2.0)
+    # mu_acc: EMA over 0.1, 0.2, 0.3 with rate 0.1, starting from the first value
+    assert ctl.mu_acc == pytest.approx(0.9 * (0.9 * 0.1 + 0.1 * 0.2) + 0.1 * 0.3)
+
+
+def test_fixed_k_caps_at_the_limit():
+    ctl = FixedK(8)
+    ctl.start_round(limit=3)
+    seen = []
+    while True:
+        seen.append(torch.tensor(0.0))
+        if not ctl.keep_drafting(seen):
+            break
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_entropy_controller_traces_are_consistent(arch):
+    model = build_tiny(arch)
+    prompt = random_prompt(200)
+    gen = sparsespec.generate(model, prompt, method="sparsespec", controller="entropy", recent=16, budget=60,
+                              warmup_rounds=2, max_new_tokens=60, stop_at_eos=False)
+    assert 1 + sum(r.emitted for r in gen.rounds) == len(gen.tokens) == 60
+    assert all(r.emitted == r.accepted + 1 for r in gen.rounds[:-1])
+    traced = [r for r in gen.rounds if r.accept_probs]
+    assert traced, "after warm-up the controller's beliefs are traced"
+    for r in traced:
+        assert len(r.accept_probs) == len(r.survival) == len(r.entropies) == r.drafted
+        assert r.survival == pytest.approx(survival(r.accept_probs))
+        assert r.cost_draft > 0 and r.cost_verify > 0
+        assert r.draft_steps in (r.drafted, r.drafted + 1)   # at most one drafted token discarded

@@ -1,0 +1,106 @@
+"""Which positions the sparse draft sees, and the recorded attention it is chosen from."""
+from __future__ import annotations
+
+import torch
+
+import sparsespec
+from conftest import build_tiny, random_prompt
+from sparsespec.attention import RecordingHook
+from sparsespec.cache import PreallocatedCache
+from sparsespec.decode import sparsespec_attention
+from sparsespec.selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
+
+
+def test_sinks_recent_topk_are_disjoint_and_in_range():
+    scores = torch.rand(3, 500)
+    budget = Budget(sink=4, recent=16, topk=30)
+    pos = select_topk_positions(scores, 400, budget)
+    assert pos.shape == (3, 50)
+    for head in pos:
+        assert len(set(head.tolist())) == 50                         # disjoint
+        assert head.min() >= 0 and head.max() < 400                  # in range (scores past 400 ignored)
+        assert set(range(4)) <= set(head.tolist())                   # sinks
+        assert set(range(384, 400)) <= set(head.tolist())            # recent
+
+
+def test_topk_follows_scores_per_kv_head():
+    scores = torch.zeros(2, 100)
+    scores[0, 40:45] = 1.0
+    scores[1, 60:65] = 1.0
+    pos = select_topk_positions(scores, 100, Budget(sink=2, recent=2, topk=5))
+    assert set(pos[0, 2:7].tolist()) == set(range(40, 45))
+    assert set(pos[1, 2:7].tolist()) == set(range(60, 65))
+
+
+def test_short_context_is_a_dense_draft():
+    pos = select_topk_positions(torch.rand(2, 30), 30, Budget(4, 16, 64))
+    assert torch.equal(pos, torch.arange(30).expand(2, 30))
+
+
+def test_sliding_window_positions_stay_inside_the_window():
+    length, window = 300, 64
+    start = window_start(window, length)
+    assert start == length - window + 1                              # mask: kv > q - window, q = length
+    pos = select_topk_positions(torch.rand(2, 400), length, Budget(4, 8, 20), start)
+    assert pos.min() >= start and pos.max() < length
+    assert pos.shape[-1] == 32                                       # the sinks' share went to recent
+    dense = select_topk_positions(torch.rand(2, 400), length, Budget(40, 40, 40), start)
+    assert torch.equal(dense, torch.arange(start, length).expand(2, length - start))
+
+
+def test_sliding_window_per_layer_type():
+    assert sliding_window_of(build_tiny("llama"), 0) is None
+    assert sliding_window_of(build_tiny("mistral"), 0) == 64
+    qwen = build_tiny("qwen2")
+    assert [sliding_window_of(qwen, i) for i in range(4)] == [None, None, 64, 64]
+
+
+def test_gather_reads_each_heads_own_positions():
+    keys = torch.arange(2 * 10 * 3, dtype=torch.float32).view(1, 2, 10, 3)
+    values = -keys
+    pos = torch.tensor([[0, 5, 9], [1, 2, 3]])
+    k, v = gather_positions(keys, values, pos)
+    assert torch.equal(k[0, 0], keys[0, 0, [0, 5, 9]]) and torch.equal(k[0, 1], keys[0, 1, [1, 2, 3]])
+    assert torch.equal(v, -k)
+
+
+def test_recorded_scores_equal_eager_attention_reduced_per_kv_group():
+    """Recording in verification gives sum over queries and group heads of eager attention weights."""
+    model = build_tiny("llama")
+    prompt = random_prompt(50)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attn = model(prompt, output_attentions=True).attentions         # per layer (1, H, q, N)
+    model.set_attn_implementation("sdpa")
+    cache = PreallocatedCache(4, 64)
+    hook = RecordingHook()
+    with torch.no_grad(), sparsespec_attention(model):
+        model(prompt[:, :40], past_key_values=cache, use_cache=True)
+        out = model(prompt[:, 40:], past_key_values=cache, use_cache=True, attn_hook=hook).logits
+    with torch.no_grad():
+        ref = model(prompt).logits[:, 40:]
+    assert torch.allclose(out, ref, atol=5e-4)                          # P @ V reproduces attention (fp32)
+    for layer, weights in enumerate(attn):
+        g = 2                                                           # 4 query heads / 2 KV heads
+        expected = weights[0, :, 40:, :].reshape(2, g, 10, 50).sum(dim=(1, 2))
+        assert torch.allclose(hook.scores[layer], expected, atol=1e-5)
+
+
+def test_one_round_runs_k_draft_forwards_and_one_verify_forward():
+    model = build_tiny("llama")
+    prompt = random_prompt(200)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    try:
+        gen = sparsespec.generate(model, prompt, method="sparsespec", controller="fixed", k=4, recent=8,
+                                  budget=40, max_new_tokens=21, stop_at_eos=False)
+    finally:
+        handle.remove()
+    assert calls[0] == 200                                              # prefill (records scores too)
+    expected = []
+    for r in gen.rounds:                                                # k single-token drafts, then k+1 verified
+        assert r.draft_steps == r.drafted
+        expected += [1] * r.drafted + [r.drafted + 1]
+    assert calls[1:] == expected
+    assert [r.drafted for r in gen.rounds[:3]] == [4, 4, 4]             # k = 4 until the output budget ends
