@@ -1,0 +1,229 @@
+"""The lm-eval model `sparsespec`: lm-eval's Hugging Face model with generation through `sparsespec.generate`.
+
+Everything but generation is lm-eval's own `HFLM`: loading, tokenization, truncation, chat templates
+and log-likelihoods (so `loglikelihood` scores equal the `hf` model's exactly). Each `generate_until`
+request is decoded alone (batch size 1) by `sparsespec.generate` with the method and options given in
+`--model_args`, e.g.
+
+    pretrained=meta-llama/Meta-Llama-3-8B-Instruct,method=sparsespec,controller=entropy,recent=64
+
+Arguments that `HFLM` takes go to `HFLM`; the others are the method's options. `pretrained` also takes
+`embedded:<name>`, one of the offline models of `sparsespec.models`. The speculation statistics of
+every request are kept and reported through `get_model_info()`, which lm-eval writes into its results
+(`config.sparsespec`); a table is printed when generation ends.
+
+Importing this module registers the model; `python -m sparsespec.eval` does that, then runs lm-eval.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from tqdm import tqdm
+
+import sparsespec
+from sparsespec import lm_eval_stats
+from sparsespec.decode import CONTROLLER_OPTIONS, build_controller, split_options
+from sparsespec.errors import ConfigError
+from sparsespec.methods import METHODS, method_names
+from sparsespec.methods.sparse_kv import resolve_budget
+from sparsespec.models import load_model
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_PREFIX = "embedded:"
+# HFLM forwards unknown keyword arguments to `from_pretrained`; these are the ones accepted here.
+FROM_PRETRAINED_ARGS = frozenset({"attn_implementation", "low_cpu_mem_usage", "rope_parameters"})
+HFLM_ARGS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "kwargs"}
+# Generation kwargs of lm-eval tasks that `sparsespec.generate` honours, and values of the others
+# that change nothing (greedy or plain sampling), so they can be ignored safely.
+NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty": (1.0,),
+                      "typical_p": (1.0,), "min_p": (None, 0.0), "num_return_sequences": (1,)}
+TUPLE_SEPARATORS = (":", "|", " ")
+NOMINAL_CONTEXT = 32768  # context at which a budget is checked before the real prompts are known
+
+
+@register_model("sparsespec")
+class SparseSpecLM(HFLM):
+    """HFLM whose `generate_until` decodes with a sparsespec method, one request at a time."""
+
+    def __init__(self, pretrained, method: str = "sparsespec", **model_args):
+        method, hf_args, options = parse_model_args(method, model_args)
+        pretrained, hf_args = resolve_pretrained(pretrained, hf_args)
+        super().__init__(pretrained=pretrained, **hf_args)
+        self.method = method
+        self.method_options = options
+        self.request_stats: list[dict] = []
+        self._last_generation = None
+
+    # --- generation -------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """HFLM's own request handling (truncation, stop strings, decoding), one request at a time."""
+        outputs = []
+        bar = tqdm(requests, disable=disable_tqdm or self.rank != 0,
+                   desc=f"generate_until ({self.method})")
+        for request in bar:
+            text = super().generate_until([request], disable_tqdm=True)[0]
+            self.request_stats.append(lm_eval_stats.request_record(request, self._last_generation, text))
+            outputs.append(text)
+        if self.request_stats and self.rank == 0:
+            print(lm_eval_stats.format_table(self.speculation_report()))
+        return outputs
+
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
+                        **generation_kwargs) -> torch.Tensor:
+        """Generate for one (1, L) context; stop strings are applied by HFLM to the decoded text."""
+        attention_mask = generation_kwargs.pop("attention_mask", None)
+        check_single_unpadded(context, attention_mask)
+        sampling = sampling_args(generation_kwargs)
+        generation = sparsespec.generate(
+            self.model, context, method=self.method,
+            max_new_tokens=max_length - context.shape[1],
+            eos_token_id=self.stop_token_ids(), **sampling, **self.method_options)
+        self._last_generation = generation
+        new_tokens = torch.tensor([generation.tokens], dtype=context.dtype, device=context.device)
+        return torch.cat([context, new_tokens], dim=1)
+
+    def stop_token_ids(self) -> list[int]:
+        """The tokens that end HF generation here: the generation config's EOS and lm-eval's EOT."""
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        ids = configured if isinstance(configured, (list, tuple)) else [configured]
+        return sorted({int(i) for i in ids if i is not None} | {int(self.eot_token_id)})
+
+    # --- reporting --------------------------------------------------------------------------
+    def speculation_report(self) -> dict:
+        resolved = self._last_generation.options if self._last_generation is not None else None
+        return lm_eval_stats.report(self.method, self.method_options, self.request_stats, resolved)
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["sparsespec"] = self.speculation_report()
+        return info
+
+
+# --- model_args ---------------------------------------------------------------------------------
+def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
+    """Split lm-eval's model_args into HFLM's and the method's options, coerced and validated."""
+    method = check_method(method)
+    known_options = method_option_names(method)
+    hf_args, options = {}, {}
+    for key, value in model_args.items():
+        if key in HFLM_ARGS or key in FROM_PRETRAINED_ARGS:
+            hf_args[key] = value
+        elif key in known_options:
+            options[key] = coerce_option(value, sequence=key in sequence_option_names(method))
+        else:
+            raise ConfigError(
+                f"unknown model_arg {key!r} for method {method!r}; method options: "
+                f"{', '.join(sorted(known_options)) or '(none)'}; other keys go to lm-eval's HFLM "
+                f"(e.g. pretrained, dtype, device, max_length, batch_size)")
+    if str(hf_args.get("batch_size", 1)).startswith("auto"):
+        raise ConfigError("batch_size=auto is not supported by the sparsespec model; "
+                          "give an integer (it batches log-likelihood requests only)")
+    validate_options(method, options, context=hf_args.get("max_length") or NOMINAL_CONTEXT)
+    return method, hf_args, options
+
+
+def check_method(method) -> str:
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
+    return method
+
+
+def method_option_names(method: str) -> frozenset[str]:
+    """The controller's options (shared by all methods) and the drafter's own."""
+    return frozenset(CONTROLLER_OPTIONS) | frozenset(METHODS[method].OPTIONS)
+
+
+def sequence_option_names(method: str) -> frozenset[str]:
+    """Options that take several values: the controller's `candidates`, and any with a list default."""
+    defaults = METHODS[method].OPTIONS
+    return frozenset({"candidates"} | {k for k, v in defaults.items() if isinstance(v, (list, tuple))})
+
+
+def validate_options(method: str, options: dict, context: int = NOMINAL_CONTEXT) -> None:
+    """Raise ConfigError for a bad option value now, before the model loads.
+
+    Checks what needs no model: the controller and its values, and the drafter's budget at a nominal
+    context (a budget too small for the real context is still reported, by `sparsespec.generate`)."""
+    controller_options, drafter_options = split_options(method, options)
+    build_controller(controller_options)
+    if "budget" in drafter_options:
+        resolve_budget(context, sink=drafter_options.get("sink", 0), recent=drafter_options.get("recent", 0),
+                       topk=drafter_options.get("topk"), budget=drafter_options["budget"])
+
+
+def coerce_option(value, sequence: bool = False):
+    """lm-eval has parsed numbers and booleans already (not always: the Python API keeps "-3" a str).
+
+    A list becomes a tuple. A sequence option (`candidates`) may also be written "2:4:8", since
+    lm-eval's `key=value,...` strings cannot hold commas; other strings (a draft model's hub id,
+    `truncated:8`) stay strings."""
+    if isinstance(value, (list, tuple)):
+        return tuple(coerce_scalar(v) if isinstance(v, str) else v for v in value)
+    if not isinstance(value, str):
+        return value
+    if sequence:
+        for sep in TUPLE_SEPARATORS:
+            if sep in value.strip():
+                return tuple(coerce_scalar(part) for part in value.split(sep) if part.strip())
+    return coerce_scalar(value)
+
+
+def coerce_scalar(text: str):
+    text = text.strip()
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+# --- loading ------------------------------------------------------------------------------------
+def resolve_pretrained(pretrained, hf_args: dict) -> tuple[object, dict]:
+    """`embedded:<name>` loads through `sparsespec.models`; anything else is HFLM's to load."""
+    if not (isinstance(pretrained, str) and pretrained.startswith(EMBEDDED_PREFIX)):
+        return pretrained, hf_args
+    name = pretrained[len(EMBEDDED_PREFIX):]
+    hf_args = dict(hf_args)
+    dtype = hf_args.pop("dtype", "auto")
+    model, tokenizer = load_model({"name": name, "embedded": name},
+                                  dtype="float32" if dtype in (None, "auto") else str(dtype),
+                                  device=available_device(hf_args.get("device")))
+    hf_args.setdefault("tokenizer", tokenizer)
+    return model, hf_args
+
+
+def available_device(device: str | None) -> str | None:
+    """lm-eval's CLI always passes a device (default cuda:0); like HFLM, fall back when CUDA is absent."""
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        logger.warning("device %s requested but CUDA is not available; using the CPU", device)
+        return None
+    return device
+
+
+# --- generation arguments -----------------------------------------------------------------------
+def sampling_args(gen_kwargs: dict) -> dict:
+    """lm-eval's normalized generation kwargs -> `temperature` and `top_p` of `sparsespec.generate`."""
+    kwargs = dict(gen_kwargs)
+    do_sample = kwargs.pop("do_sample", None)
+    temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+    top_p = float(kwargs.pop("top_p", 1.0) or 1.0)
+    for key, value in kwargs.items():
+        if value not in NEUTRAL_GEN_KWARGS.get(key, ()):
+            raise ConfigError(f"generation kwarg {key}={value!r} is not supported by the sparsespec "
+                              "model; it honours do_sample, temperature, top_p, until, max_gen_toks")
+    if not do_sample:
+        temperature = 0.0
+    return {"temperature": temperature, "top_p": top_p}
+
+
+def check_single_unpadded(context: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    if context.shape[0] != 1:
+        raise ValueError(f"sparsespec decodes one request at a time, got a batch of {context.shape[0]}")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("sparsespec expects an unpadded context")
