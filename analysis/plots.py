@@ -319,7 +319,7 @@ def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
               for r in traced.itertuples()]
     per_prompt = pd.concat(curves).groupby(["run", "prompt_id", "m"], as_index=False)["ratio"].mean()
     stats = across_prompts(per_prompt, ["m"], "ratio")
-    ax.errorbar(stats["m"], stats["mean"], yerr=stats["std"], marker="o", capsize=3, color="C1",
+    ax.errorbar(stats["m"], stats["mean"], yerr=stats["std"], marker="s", capsize=3, color="C3",
                 label="predicted (1+Σπ_m)/(k·C_d+C_v)")
     _mark_best(ax, stats["m"], stats["mean"])
     ax.set_xlabel("draft length k (tokens)")

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -237,11 +238,18 @@ def uploaded_run(run_dir: Path) -> FakeRun:
                    {n: (run_dir / n).read_text() for n in ("summary.json", "samples.jsonl")}, [])
 
 
+class RecordingConfig(dict):
+    def update(self, values, allow_val_change=False):
+        super().update(values)
+
+
 class RecordingWandbRun:
     """Stands in for the run `wandb.init` returns, recording what the harness's tracker logs."""
 
-    def __init__(self, folder: Path):
-        self.dir, self.history, self.summary = str(folder / "wandb" / "files"), [], {}
+    def __init__(self, folder: Path, config: dict):
+        self.dir, self.history, self.summary = str(folder / "files"), [], {}
+        self.config = RecordingConfig(config)
+        Path(self.dir).mkdir(parents=True)
 
     def define_metric(self, *args, **kwargs):
         pass
@@ -253,24 +261,29 @@ class RecordingWandbRun:
         pass
 
 
-def recorded_run(run_dir: Path) -> FakeRun:
-    """What the W&B API returns for a run logged by sparsespec/harness/tracking.py (no files uploaded):
-    the tracker is driven with the run folder's samples and its calls recorded."""
+def recorded_run(run_dir: Path, tmp: Path, save_files: bool) -> FakeRun:
+    """What the W&B API returns for a run that sparsespec/harness/tracking.py logged: the tracker is
+    driven, as the runner drives it, with the run folder's results, and its calls are recorded.
+    Without `save_files` the run has no result files (the history-only fallback)."""
     from sparsespec.harness.tracking import WandbTracker
     summary = json.loads((run_dir / "summary.json").read_text())
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
-    recording = RecordingWandbRun(run_dir)
+    recording = RecordingWandbRun(Path(tempfile.mkdtemp(dir=tmp)), summary["config"])
     tracker = WandbTracker(recording)
     for index, sample in enumerate(samples):
         tracker.log_prompt(index, sample)
-    tracker.log_summary(summary["metrics"])
+    tracker.log_summary(summary)
     tracker.log_samples(samples)
+    if save_files:
+        tracker.save_files([run_dir / "samples.jsonl", run_dir / "summary.json"])
+    assert tracker.run is recording, "the tracker gave up on a call (see its warning)"
     table = next(row["samples"] for row in recording.history if "samples" in row)
     path = "media/table/samples_0_0.table.json"
+    files = {p.name: p.read_text() for p in Path(recording.dir).iterdir()}
+    files[path] = json.dumps({"columns": list(table.columns), "data": table.data})
     history = [{"_step": i, **row} for i, row in enumerate(recording.history) if "samples" not in row]
-    return FakeRun(run_dir.name, summary["config"],
-                   {**recording.summary, "samples": {"_type": "table-file", "path": path}},
-                   {path: json.dumps({"columns": list(table.columns), "data": table.data})}, history)
+    return FakeRun(run_dir.name, dict(recording.config),
+                   {**recording.summary, "samples": {"_type": "table-file", "path": path}}, files, history)
 
 
 class FakeApi:
@@ -287,22 +300,21 @@ def _without_origin(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
-def test_wandb_runs_with_uploaded_files_give_the_same_frame_as_local_folders(results, frame):
-    api = FakeApi([uploaded_run(p.parent) for p in sorted(results.rglob("summary.json"))])
+def test_wandb_runs_with_uploaded_files_give_the_same_frame_as_local_folders(results, frame, tmp_path):
+    api = FakeApi([recorded_run(p.parent, tmp_path, save_files=True) for p in sorted(results.rglob("summary.json"))])
     wandb_df = load_wandb("me/sparsespec", group="speedup_vs_context_cpu", api=api)
     assert api.calls == [("me/sparsespec", {"group": "speedup_vs_context_cpu"})]
     assert list(wandb_df.columns) == list(COLUMNS)
     pd.testing.assert_frame_equal(_without_origin(wandb_df), _without_origin(frame))
 
 
-# What the tracker's history cannot carry: the machine (W&B metadata only), the resolved device and
-# the per-token lists of each round.
-NOT_IN_WANDB_HISTORY = ["hardware", "device", "rounds"]
+# What the tracker's history cannot carry: the per-token lists of each round.
+NOT_IN_WANDB_HISTORY = ["rounds"]
 ROUND_SCALARS = ["drafted", "accepted", "emitted", "draft_s", "verify_s", "select_s", "draft_steps"]
 
 
-def test_wandb_runs_logged_by_the_harness_tracker_map_to_the_same_rows(results, frame):
-    api = FakeApi([recorded_run(p.parent) for p in sorted(results.rglob("summary.json"))])
+def test_wandb_runs_without_result_files_map_to_the_same_rows(results, frame, tmp_path):
+    api = FakeApi([recorded_run(p.parent, tmp_path, save_files=False) for p in sorted(results.rglob("summary.json"))])
     wandb_df = load_wandb("me/sparsespec", api=api)
     assert api.calls == [("me/sparsespec", None)]
     assert list(wandb_df.columns) == list(COLUMNS)
@@ -444,3 +456,101 @@ def execute_notebook(results: Path, tmp_path: Path) -> None:
 
 def test_notebook_executes_top_to_bottom(results, tmp_path):
     execute_notebook(results, tmp_path)
+
+
+# ---------------------------------------------------------------- a real sweep with the harness
+
+REAL_METHODS = ["ar", "sparsespec", "sparsespec_fixed"]
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory) -> Path:
+    """A tiny multirun of run.py on the embedded SmolLM2: 1K context (the smallest whose default 10%
+    draft budget holds sink + recent), one prompt, 8 new tokens, three methods."""
+    import subprocess
+    import sys
+    sweep = tmp_path_factory.mktemp("real") / "multirun"
+    command = [sys.executable, "run.py", "-m", "model=smollm2_135m", "task=summarization", "ctx=1k",
+               f"method={','.join(REAL_METHODS)}", "num_prompts=1", "max_new_tokens=8", "warmup=false",
+               "logger=none", f"hydra.sweep.dir={sweep}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return sweep
+
+
+@pytest.mark.real_model
+def test_analysis_of_a_real_sweep(real_sweep, tmp_path):
+    out = tmp_path / "figures"
+    assert figures_main([str(real_sweep), "--out", str(out), "--no-progress"]) == 0
+    for stem in ("speedup_vs_context__smollm2_135m__summarization",
+                 "acceptance_vs_context__smollm2_135m__summarization"):
+        assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file()
+    table = pd.read_csv(out / "method_comparison.csv")
+    assert sorted(table["method"]) == sorted(REAL_METHODS)
+    assert set(table["ctx"]) == {1000} and set(table["n_prompts"]) == {1}
+    summary = json.loads(next(p for p in real_sweep.rglob("summary.json")
+                              if json.loads(p.read_text())["run"]["method"] == "sparsespec").read_text())
+    row = table[table["method"] == "sparsespec"].iloc[0]
+    assert row["tokens_per_s"] == pytest.approx(summary["metrics"]["tokens_per_s"], rel=1e-12)
+    assert row["speedup"] == pytest.approx(summary["metrics"]["speedup_vs_ar"], rel=1e-12)
+    assert row["hardware"] == summary["env"]["cpu"]
+
+
+@pytest.mark.real_model
+def test_notebook_executes_on_a_real_sweep(real_sweep, tmp_path):
+    execute_notebook(real_sweep, tmp_path)
+
+
+# ---------------------------------------------------------------- conf/experiment
+
+FAMILIES = ("speedup_vs_context", "acceptance_vs_context", "fixed_k_ablation", "budget_ablation",
+            "method_comparison", "entropy_analysis", "efficiency_inversion")
+# The figure and table experiments (conf/experiment/ also holds others' configs, e.g. smoke).
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml") if p.stem.startswith(FAMILIES))
+
+
+def swept_values(cfg) -> dict[str, list[str]]:
+    return {key: str(values).split(",") for key, values in (cfg.hydra.sweeper.params or {}).items()}
+
+
+@pytest.fixture(scope="module")
+def compose_config():
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        yield lambda overrides: compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def test_experiments_come_in_paper_and_cpu_scale_with_the_same_methods(compose_config):
+    assert set(FAMILIES) | {f"{family}_cpu" for family in FAMILIES} <= set(EXPERIMENTS)
+    for name in EXPERIMENTS:
+        assert (REPO / "conf" / "experiment" / f"{name}.yaml").read_text().startswith("# @package _global_\n")
+        if "_cpu" in name:
+            paper_scale = swept_values(compose_config([f"experiment={name.split('_cpu')[0]}"]))
+            cpu_scale = swept_values(compose_config([f"experiment={name}"]))
+            assert cpu_scale["method"] == paper_scale["method"], name
+            assert {k: v for k, v in cpu_scale.items() if k.startswith("method.")} == \
+                {k: v for k, v in paper_scale.items() if k.startswith("method.")}, name
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_swept_value_of_an_experiment_composes(compose_config, name):
+    cfg = compose_config([f"experiment={name}"])
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    sweep = swept_values(cfg)
+    assert "method" in sweep and sweep, f"{name} sweeps nothing"
+    for key, values in sweep.items():
+        for value in values:
+            composed = compose_config([f"experiment={name}", f"{key}={value}"])
+            if key == "method":
+                assert composed.method.label == value
+    models = [compose_config([f"experiment={name}", f"model={m}"]) for m in sweep.get("model", [])]
+    for ctx in sweep.get("ctx", []) or [None]:
+        for model in models:
+            cfg_ctx = compose_config([f"experiment={name}", f"ctx={ctx}"]) if ctx else cfg
+            assert cfg_ctx.ctx + cfg_ctx.max_new_tokens <= model.model.max_context, (name, ctx, model.model.name)
+
+
+def test_every_experiment_has_a_readme_line():
+    readme = (REPO / "experiments" / "README.md").read_text()
+    for name in EXPERIMENTS:
+        assert f"python run.py experiment={name}`" in readme or f"python run.py experiment={name} " in readme, name
