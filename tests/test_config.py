@@ -62,27 +62,60 @@ def test_wandb_is_offline_unless_asked(hydra_conf, monkeypatch):
     assert make().logger.mode == "disabled"
 
 
+def test_ctx_files_set_ctx_and_nothing_else(hydra_conf):
+    for name in options("ctx"):
+        assert OmegaConf.to_container(OmegaConf.load(CONF / "ctx" / f"{name}.yaml")) == {"ctx": int(name[:-1]) * 1000}
+        assert make(f"ctx={name}").ctx == int(name[:-1]) * 1000
+
+
+def with_ctx(cfg, ctx: int):
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "ctx", ctx)
+    return cfg
+
+
 @pytest.mark.parametrize("model", options("model"))
 def test_every_combination_composes(hydra_conf, model):
-    """model x task x ctx x method (here one model's share of the product): each composes into a
-    config the checks accept, or is rejected exactly when prompt + new tokens exceed the model's
-    context. About 0.1 s per composition."""
+    """model x task x ctx x method, one model's share per test. Hydra composes each model x task x
+    method; a ctx file sets the one key `ctx` and nothing else (test above), so the ctx axis is that
+    config with `ctx` set, which `test_ctx_axis_is_separable` checks against Hydra on a sample.
+    (Composing all ~2300 literally takes ~0.1 s each.) Every combination must pass the checks, or be
+    rejected exactly when prompt + new tokens exceed the model's context."""
     failures = []
-    for task, ctx, method in itertools.product(options("task"), options("ctx"), options("method")):
-        cfg = make(f"model={model}", f"task={task}", f"ctx={ctx}", f"method={method}", "logger=none")
-        assert cfg.ctx == int(ctx[:-1]) * 1000 and cfg.task.name == task and cfg.model.name == model
-        ModelSpec.coerce(model_spec(cfg))
-        too_long = cfg.ctx + cfg.max_new_tokens > cfg.model.max_context
-        try:
-            check_config(cfg)
-            rejected = False
-        except ConfigError as err:
-            rejected = True
-            if "max_context" not in str(err):
-                failures.append((model, task, ctx, method, str(err)))
-        if rejected != too_long:
-            failures.append((model, task, ctx, method, f"rejected={rejected}, too_long={too_long}"))
+    for task, method in itertools.product(options("task"), options("method")):
+        base = make(f"model={model}", f"task={task}", f"method={method}", "logger=none")
+        assert base.task.name == task and base.model.name == model
+        ModelSpec.coerce(model_spec(base))
+        for ctx in options("ctx"):
+            cfg = with_ctx(base, int(ctx[:-1]) * 1000)
+            too_long = cfg.ctx + cfg.max_new_tokens > cfg.model.max_context
+            try:
+                check_config(cfg)
+                rejected = False
+            except ConfigError as err:
+                rejected = True
+                if "max_context" not in str(err):
+                    failures.append((model, task, ctx, method, str(err)))
+            if rejected != too_long:
+                failures.append((model, task, ctx, method, f"rejected={rejected}, too_long={too_long}"))
     assert not failures, failures[:5]
+
+
+def test_ctx_axis_is_separable(hydra_conf):
+    """Hydra's own composition of model x task x ctx x method equals the shortcut above (a sample
+    of 40 combinations spread over every option)."""
+    combos = list(itertools.product(options("model"), options("task"), options("ctx"), options("method")))
+    for model, task, ctx, method in combos[::len(combos) // 40]:
+        literal = make(f"model={model}", f"task={task}", f"ctx={ctx}", f"method={method}", "logger=none")
+        shortcut = with_ctx(make(f"model={model}", f"task={task}", f"method={method}", "logger=none"),
+                            int(ctx[:-1]) * 1000)
+        assert OmegaConf.to_container(literal) == OmegaConf.to_container(shortcut), (model, task, ctx, method)
+
+
+def test_every_experiment_composes(hydra_conf):
+    for name in options("experiment"):
+        cfg = compose(config_name="config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        assert cfg.model.name and cfg.method.name in METHODS, name
 
 
 def test_dotted_model_names_work_on_the_command_line(hydra_conf):
