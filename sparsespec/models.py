@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from sparsespec.errors import ConfigError, UnavailableError
 
@@ -118,12 +119,12 @@ def load_model(spec: ModelSpec | Mapping, *, dtype: str | None = None, device: s
     folder, hub_kwargs = _weights_location(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-            attn_implementation=spec.attn_implementation, **hub_kwargs)
+            folder, dtype=dtype if dtype == "auto" else getattr(torch, dtype), device_map=str(device),
+            attn_implementation=spec.attn_implementation, **hub_kwargs)  # device_map: load straight onto the GPU
         tokenizer = AutoTokenizer.from_pretrained(folder, **hub_kwargs)
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
         raise _unavailable(spec, folder, err) from err
-    model.to(device).eval()
+    model.eval()
     model.generation_config = _greedy_generation_config(model, tokenizer)
     return model, tokenizer
 
@@ -181,6 +182,9 @@ def _is_local(path: str) -> bool:
 
 def _unavailable(spec: ModelSpec, folder: str, err: Exception) -> UnavailableError:
     cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, SafetensorError):
+        return UnavailableError(f"model '{spec.name}': the weights under {folder} are corrupt ({cause}); "
+                                f"delete them to download or convert again")
     if spec.path is None or spec.gguf_file is not None:
         return UnavailableError(f"model '{spec.name}': the cached conversion {folder} is unreadable ({cause}); "
                                 f"delete that folder to convert again")
@@ -216,17 +220,22 @@ def converted_embedded_model(name: str, entry: EmbeddedModel, root: Path | None 
     folder = (root or cache_root()) / "models" / f"{name}-{entry.sha256[:16]}"
     if folder.is_dir():  # complete: a conversion only appears here by one atomic rename
         return folder
-    parts = [_locate_part(name, entry, dist, file) for dist, file in entry.parts]
 
     def build(tmp: Path) -> None:
-        gguf = parts[0] if len(parts) == 1 else _concatenate(parts, tmp / "model.gguf")
-        digest = sha256_of(gguf)
-        if digest != entry.sha256:
-            raise UnavailableError(f"embedded model '{name}': sha256 of {gguf.name} is {digest[:16]}…, expected "
-                                   f"{entry.sha256[:16]}… (corrupt or wrong version); reinstall: {entry.install}")
-        _convert_gguf(gguf, tmp / "model", source_sha256=digest, label=name)
+        _convert_gguf(embedded_gguf(name, entry, tmp), tmp / "model", source_sha256=entry.sha256, label=name)
 
     return build_atomically(folder, build, subdir="model")
+
+
+def embedded_gguf(name: str, entry: EmbeddedModel, workdir: Path) -> Path:
+    """The embedded model's GGUF file, sha256-checked; split parts are concatenated into `workdir`."""
+    parts = [_locate_part(name, entry, dist, file) for dist, file in entry.parts]
+    gguf = parts[0] if len(parts) == 1 else _concatenate(parts, workdir / "model.gguf")
+    digest = sha256_of(gguf)
+    if digest != entry.sha256:
+        raise UnavailableError(f"embedded model '{name}': sha256 of {gguf.name} is {digest[:16]}…, expected "
+                               f"{entry.sha256[:16]}… (corrupt or wrong version); reinstall: {entry.install}")
+    return gguf
 
 
 def _converted_gguf_file(spec: ModelSpec) -> Path:
