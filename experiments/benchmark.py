@@ -1,0 +1,135 @@
+"""Side-by-side benchmark: AR and every method back to back, in one process, on the same prompts.
+
+    python experiments/benchmark.py experiment=bench_cpu          # embedded models on this CPU
+    python experiments/benchmark.py experiment=bench_cpu bench.grid='[{model: smollm2_135m, ctx: [2000]}]'
+
+For each (model, context) it writes, per method: decode tokens/s and speed-up vs AR (pooled over
+prompts), mean accepted length, the measured costs C_AR (one AR step), C_d (one draft step),
+C_v(k) (one verification of k drafts) and the select+gather cost per round, and the cost-model
+bound tau * C_AR / (k * C_d + C_v(k)) with tau the mean accepted length and k the mean draft
+length, with the fraction of it reached. Prefill is reported on its own. The machine's load is
+read before each context and flagged when it was noisy. Results: bench.json and bench.md in the
+Hydra output folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import hydra
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import sparsespec  # noqa: E402
+from sparsespec.harness.checks import method_options, model_spec  # noqa: E402
+from sparsespec.harness.environment import collect  # noqa: E402
+from sparsespec.models import load_model  # noqa: E402
+from sparsespec.tasks import load_prompts  # noqa: E402
+
+NOISY_LOAD = 0.5   # 1-minute load average above which another process shares our cores
+
+
+def method_setups(names: list[str]) -> dict[str, tuple[str, dict]]:
+    """label -> (engine method, options), read from conf/method/<label>.yaml."""
+    out = {}
+    for label in names:
+        cfg = compose(config_name="config", overrides=[f"method={label}"])
+        out[label] = (cfg.method.name, method_options(cfg))
+    return out
+
+
+def cost_row(label: str, gens: list, ar_gens: list) -> dict:
+    """Pooled speed, the measured costs and the cost-model bound for one method."""
+    tokens = sum(g.decode_tokens for g in gens)
+    decode_s = sum(g.decode_s for g in gens)
+    ar_tps = sum(g.decode_tokens for g in ar_gens) / sum(g.decode_s for g in ar_gens)
+    c_ar = sum(g.decode_s for g in ar_gens) / sum(len(g.rounds) for g in ar_gens)
+    rounds = [r for g in gens for r in g.rounds]
+    steps = sum(r.draft_steps for r in rounds)
+    row = {"method": label, "tokens_per_s": tokens / decode_s, "speedup_vs_ar": (tokens / decode_s) / ar_tps,
+           "mean_accepted": tokens / len(rounds), "acceptance_rate": statistics.fmean(g.acceptance_rate for g in gens),
+           "outputs_match_ar": all(g.tokens == a.tokens for g, a in zip(gens, ar_gens)),
+           "prefill_s": statistics.fmean(g.prefill_s for g in gens), "c_ar_s": c_ar,
+           "c_draft_s": sum(r.draft_s for r in rounds) / steps if steps else None,
+           "select_s_per_round": sum(r.select_s for r in rounds) / len(rounds),
+           "mean_k": statistics.fmean(r.drafted for r in rounds)}
+    by_k: dict[int, list[float]] = {}
+    for r in rounds:
+        by_k.setdefault(r.drafted, []).append(r.verify_s)
+    row["c_verify_s_by_k"] = {k: statistics.fmean(v) for k, v in sorted(by_k.items())}
+    if row["c_draft_s"] is not None:
+        k = row["mean_k"]
+        c_v = statistics.fmean(r.verify_s for r in rounds)
+        row["bound"] = row["mean_accepted"] * c_ar / (k * row["c_draft_s"] + c_v)
+        row["bound_reached"] = row["speedup_vs_ar"] / row["bound"]
+    return row
+
+
+def run_context(cfg, model, tokenizer, setups, ctx: int) -> dict:
+    load_before = os.getloadavg()[0]
+    prompts = load_prompts(cfg.task.name, source=cfg.task.source, tokenizer=tokenizer, context_tokens=ctx,
+                           num_prompts=cfg.bench.num_prompts, seed=cfg.seed)
+    common = dict(max_new_tokens=cfg.max_new_tokens, stop_at_eos=False)
+    for method, options in [("ar", {}), *setups.values()]:      # untimed warm-up of every code path
+        sparsespec.generate(model, prompts[0].input_ids[:512], method=method, max_new_tokens=12, **options)
+    gens = {label: [] for label in ["ar", *setups]}
+    for prompt in tqdm(prompts, desc=f"ctx {ctx}", leave=False):
+        gens["ar"].append(sparsespec.generate(model, prompt.input_ids, method="ar", **common))
+        for label, (method, options) in setups.items():
+            gens[label].append(sparsespec.generate(model, prompt.input_ids, method=method, **common, **options))
+    rows = [cost_row(label, g, gens["ar"]) for label, g in gens.items()]
+    return {"ctx": ctx, "context_tokens": [len(p.input_ids) for p in prompts], "load_before": load_before,
+            "noisy": load_before > NOISY_LOAD, "rows": rows}
+
+
+def markdown(results: list[dict], hardware: str) -> str:
+    lines = [f"Hardware: {hardware}. Decode only; prefill is its own column. Greedy, fp32 unless noted.", "",
+             "| model | ctx | method | tok/s | speed-up | mean acc. | match AR | C_AR ms | C_d ms | C_v ms (mean k) "
+             "| select ms/round | bound | reached | prefill s |", "|" + "---|" * 14]
+    for res in results:
+        for r in res["rows"]:
+            c_v = statistics.fmean(r["c_verify_s_by_k"].values()) * 1e3
+            fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)  # noqa: E731
+            lines.append(f"| {res['model']} | {res['ctx']}{' (noisy)' if res['noisy'] else ''} | {r['method']} | "
+                         f"{r['tokens_per_s']:.2f} | {r['speedup_vs_ar']:.2f}x | {r['mean_accepted']:.2f} | "
+                         f"{r['outputs_match_ar']} | {r['c_ar_s'] * 1e3:.1f} | {fmt(r['c_draft_s'] and r['c_draft_s'] * 1e3)} | "
+                         f"{c_v:.1f} ({r['mean_k']:.1f}) | {r['select_s_per_round'] * 1e3:.1f} | "
+                         f"{fmt(r.get('bound'), '{:.2f}x')} | {fmt(r.get('bound_reached'), '{:.0%}')} | "
+                         f"{r['prefill_s']:.1f} |")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    if "bench" not in cfg:
+        raise SystemExit("error: no `bench` settings; run with experiment=bench_cpu (or bench_gpu)")
+    setups = method_setups(list(cfg.bench.methods))
+    results = []
+    env = None
+    for entry in cfg.bench.grid:
+        mcfg = compose(config_name="config", overrides=[f"model={entry.model}"])
+        model, tokenizer = load_model(model_spec(mcfg), dtype=cfg.bench.get("dtype") or mcfg.model.dtype,
+                                      device=None if cfg.device == "auto" else cfg.device)
+        env = env or collect(device=str(next(model.parameters()).device), dtype=str(next(model.parameters()).dtype))
+        for ctx in entry.ctx:
+            res = run_context(cfg, model, tokenizer, setups, int(ctx))
+            res["model"] = entry.model
+            results.append(res)
+            print(markdown([res], env.get("gpu") or env.get("cpu", "cpu")), flush=True)
+        del model
+    out = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    hardware = env.get("gpu") or env.get("cpu", "cpu")
+    (out / "bench.json").write_text(json.dumps({"results": results, "env": env,
+                                                "config": OmegaConf.to_container(cfg, resolve=True)}, indent=1))
+    (out / "bench.md").write_text(markdown(results, hardware) + "\n")
+    print(f"\nwrote {out / 'bench.md'}")
+
+
+if __name__ == "__main__":
+    main()
