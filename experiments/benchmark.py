@@ -36,10 +36,13 @@ NOISY_LOAD = 0.5   # 1-minute load average above which another process shares ou
 
 
 def method_setups(names: list[str]) -> dict[str, tuple[str, dict]]:
-    """label -> (engine method, options), read from conf/method/<label>.yaml."""
+    """label -> (engine method, options), read from conf/method/<name>.yaml. An entry may override
+    options after a colon: "sparsespec_fixed:k=8,recent=128"."""
     out = {}
     for label in names:
-        cfg = compose(config_name="config", overrides=[f"method={label}"])
+        name, _, extra = label.partition(":")
+        overrides = [f"method.options.{kv}" for kv in extra.split(",") if kv]
+        cfg = compose(config_name="config", overrides=[f"method={name}", *overrides])
         out[label] = (cfg.method.name, method_options(cfg))
     return out
 
