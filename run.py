@@ -29,6 +29,7 @@ def main(cfg: DictConfig) -> dict | None:
     folder = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     sweep = Path(hydra_cfg.sweep.dir)
+    (folder / ERROR_FILE).unlink(missing_ok=True)   # a re-run of a failed sweep job starts clean
     try:
         return run(cfg, folder, group=f"{sweep.parent.name}_{sweep.name}" if multirun else None)
     except (ConfigError, UnavailableError) as err:

@@ -19,11 +19,15 @@ def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> 
     header = (f"{method} on {run['model']} | {run['task']} ({run['source']}) | ctx {run['ctx']} "
               f"(~{_num(_mean_of(samples, 'context_tokens'), '{:.0f}')} prompt tokens) | "
               f"{metrics['n_prompts']} prompt(s) x {run['max_new_tokens']} new tokens")
-    rows = [("", method, "ar" if has_ar else ""),
-            ("decode tokens/s", _num(metrics["tokens_per_s"]), _num(metrics["ar_tokens_per_s"]) if has_ar else ""),
-            ("prefill s (mean)", _num(metrics["prefill_s_mean"]), _num(_mean_of(samples, "ar_prefill_s")) if has_ar else ""),
-            ("decode s (mean)", _num(metrics["decode_s_mean"]), _num(_mean_of(samples, "ar_decode_s")) if has_ar else ""),
-            ("tokens per round", _num(metrics["mean_accepted"]), "1.00" if has_ar else ""),
+
+    def ar(text: str) -> str:
+        return text if has_ar else ""
+
+    rows = [("", method, ar("ar")),
+            ("decode tokens/s", _num(metrics["tokens_per_s"]), ar(_num(metrics["ar_tokens_per_s"]))),
+            ("prefill s (mean)", _num(metrics["prefill_s_mean"]), ar(_num(_mean_of(samples, "ar_prefill_s")))),
+            ("decode s (mean)", _num(metrics["decode_s_mean"]), ar(_num(_mean_of(samples, "ar_decode_s")))),
+            ("tokens per round", _num(metrics["mean_accepted"]), ar("1.00")),
             ("acceptance rate", _num(metrics["acceptance_rate"], "{:.1%}"), "")]
     width = max(len(r[0]) for r in rows) + 2
     lines = [header] + [f"  {a:<{width}}{b:>12}{c:>12}" for a, b, c in rows]

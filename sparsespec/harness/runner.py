@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 WARMUP_TOKENS = 16   # enough for a few draft/verify rounds; the warm-up output is thrown away
 
 
-def names(cfg: DictConfig) -> dict:
+def result_names(cfg: DictConfig) -> dict:
+    """The names a sample and the summary carry (the method by its label: sparsespec_fixed etc.)."""
     return {"model": cfg.model.name, "task": cfg.task.name, "source": cfg.task.source, "method": cfg.method.label}
 
 
@@ -108,7 +109,7 @@ def run_prompt(model, tokenizer, prompt, cfg: DictConfig, options: dict, seed: i
         ref = None
     text = text_of(gen.tokens, tokenizer, eos_ids(model))
     value = prompt.score(text) if prompt.reference is not None else None
-    return build_sample(prompt=prompt, gen=gen, ref=ref, names=names(cfg), ctx=cfg.ctx, text=text,
+    return build_sample(prompt=prompt, gen=gen, ref=ref, names=result_names(cfg), ctx=cfg.ctx, text=text,
                         score=value, greedy=cfg.temperature == 0)
 
 
@@ -163,7 +164,7 @@ def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
         samples = [finished[(str(p.id), label)] for p in prompts]
         metrics = aggregate(samples)
         summary = {
-            "run": {**names(cfg), "method_name": cfg.method.name,
+            "run": {**result_names(cfg), "method_name": cfg.method.name,
                     "method_options": resolved_options(cfg.method.name, options),
                     "ctx": cfg.ctx, "seed": cfg.seed, "num_prompts": cfg.num_prompts,
                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
