@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import fmean
 
-RECORD_FIELDS = ("prompt_tokens", "new_tokens", "rounds", "prefill_s", "decode_s", "tokens_per_s",
-                 "mean_accepted", "acceptance_rate")
 MEAN_FIELDS = ("tokens_per_s", "mean_accepted", "acceptance_rate", "prefill_s", "decode_s", "new_tokens")
 
 
 def request_record(request, generation, text: str) -> dict:
     """One lm-eval `Instance` and the `Generation` that answered it."""
-    summary = generation.summary()
     return {"task": request.task_name, "doc_id": request.doc_id,
-            **{key: summary[key] for key in RECORD_FIELDS},
-            "decode_tokens": generation.decode_tokens, "time_split": generation.time_split(),
+            "prompt_tokens": generation.prompt_tokens, "new_tokens": len(generation.tokens),
+            "rounds": len(generation.rounds), "decode_tokens": generation.decode_tokens,
+            "prefill_s": generation.prefill_s, "decode_s": generation.decode_s,
+            "tokens_per_s": generation.tokens_per_s, "mean_accepted": generation.mean_accepted,
+            "acceptance_rate": generation.acceptance_rate, "time_split": generation.time_split(),
             "text_chars": len(text)}
 
 
