@@ -27,7 +27,7 @@ from tqdm import tqdm
 import sparsespec
 from sparsespec import lm_eval_stats
 from sparsespec.decode import CONTROLLER_OPTIONS, build_controller, split_options
-from sparsespec.errors import ConfigError
+from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.methods import METHODS, method_names
 from sparsespec.methods.sparse_kv import resolve_budget
 from sparsespec.models import load_model
@@ -53,7 +53,10 @@ class SparseSpecLM(HFLM):
     def __init__(self, pretrained, method: str = "sparsespec", **model_args):
         method, hf_args, options = parse_model_args(method, model_args)
         pretrained, hf_args = resolve_pretrained(pretrained, hf_args)
-        super().__init__(pretrained=pretrained, **hf_args)
+        try:
+            super().__init__(pretrained=pretrained, **hf_args)
+        except OSError as err:  # transformers' "not found / not cached / gated": say it in one line
+            raise UnavailableError(f"cannot load pretrained={pretrained!r}: {first_line(err)}") from err
         self.method = method
         self.method_options = options
         self.request_stats: list[dict] = []
@@ -196,6 +199,11 @@ def resolve_pretrained(pretrained, hf_args: dict) -> tuple[object, dict]:
                                   device=available_device(hf_args.get("device")))
     hf_args.setdefault("tokenizer", tokenizer)
     return model, hf_args
+
+
+def first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def available_device(device: str | None) -> str | None:

@@ -18,7 +18,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from sparsespec import lm_eval_model, lm_eval_stats
-from sparsespec.errors import ConfigError
+from sparsespec.errors import ConfigError, UnavailableError
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
@@ -158,7 +158,16 @@ def test_cli_budget_too_small_for_the_prompt_is_one_line_too():
     assert_one_line_error(done.returncode, done.stderr, "budget=0.01 gives")
 
 
-# --- the pieces, without a model --------------------------------------------------------------
+# --- the pieces, without a model
+def test_only_generation_is_overridden():
+    from lm_eval.models.huggingface import HFLM
+
+    for name in ("loglikelihood", "loglikelihood_rolling", "_loglikelihood_tokens", "_model_call",
+                 "tok_encode", "tok_batch_encode", "tok_decode"):
+        assert getattr(lm_eval_model.SparseSpecLM, name) is getattr(HFLM, name), name
+    assert lm_eval_model.SparseSpecLM._model_generate is not HFLM._model_generate
+
+ --------------------------------------------------------------
 def test_model_args_split_between_hflm_and_method():
     method, hf_args, options = lm_eval_model.parse_model_args(
         "sparsespec", {"dtype": "float32", "max_length": 4096, "recent": 64, "controller": "entropy"})
@@ -208,6 +217,12 @@ def test_sampling_args_follow_lm_eval_semantics():
     assert lm_eval_model.sampling_args({"do_sample": False, "num_beams": 1})["temperature"] == 0.0
     with pytest.raises(ConfigError, match="num_beams"):
         lm_eval_model.sampling_args({"do_sample": False, "num_beams": 4})
+
+
+def test_missing_model_is_one_line_unavailable_error(tmp_path):
+    """HFLM's own loading fails with transformers' OSError; the model says it in one line."""
+    with pytest.raises(UnavailableError, match=r"^cannot load pretrained='.*no-such-model': [^\n]+$"):
+        lm_eval_model.SparseSpecLM(pretrained=str(tmp_path / "no-such-model"), device="cpu")
 
 
 def test_cli_default_device_falls_back_to_cpu_without_cuda():
