@@ -158,7 +158,7 @@ def test_cli_budget_too_small_for_the_prompt_is_one_line_too():
     assert_one_line_error(done.returncode, done.stderr, "budget=0.01 gives")
 
 
-# --- the pieces, without a model
+# --- the pieces, without a model --------------------------------------------------------------
 def test_only_generation_is_overridden():
     from lm_eval.models.huggingface import HFLM
 
@@ -167,7 +167,7 @@ def test_only_generation_is_overridden():
         assert getattr(lm_eval_model.SparseSpecLM, name) is getattr(HFLM, name), name
     assert lm_eval_model.SparseSpecLM._model_generate is not HFLM._model_generate
 
- --------------------------------------------------------------
+
 def test_model_args_split_between_hflm_and_method():
     method, hf_args, options = lm_eval_model.parse_model_args(
         "sparsespec", {"dtype": "float32", "max_length": 4096, "recent": 64, "controller": "entropy"})
