@@ -93,6 +93,16 @@ def controller_name(method: str | None, options: dict) -> str | None:
     return None
 
 
+def draft_length(options: dict, run: dict, controller: str | None) -> Any:
+    """A fixed draft length k: the config's, else the engine's default that the run resolved
+    (summary.json `run.method_options`); None under a controller that picks k itself."""
+    if controller != "fixed":
+        return options.get("k")
+    if options.get("k") is not None:
+        return options["k"]
+    return (run.get("method_options") or {}).get("k")
+
+
 def hardware_label(env: dict, run: dict) -> str:
     """A short name of the machine the run timed: the GPU's name on a GPU, else the CPU's."""
     device = str(run.get("device") or env.get("device") or "")
@@ -127,11 +137,12 @@ def rows_from_records(summary: dict, samples: list[dict], run_label: str,
     env = summary.get("env") or {}
     metrics = summary.get("metrics") or {}
     options = method_options(config)
+    controller = controller_name(run.get("method"), options)
     base = {"run": run_label,
             "experiment": experiment if experiment is not None else config.get("experiment_name"),
             **{k: run.get(k) for k in RUN_COLUMNS},
-            "controller": controller_name(run.get("method"), options),
-            "k": options.get("k"), "budget": options.get("budget"),
+            "controller": controller, "k": draft_length(options, run, controller),
+            "budget": options.get("budget"),
             "hardware": hardware_label(env, run),
             **{f"run_{k}": metrics.get(k) for k in METRIC_KEYS}}
     return [_sample_row(base, sample) for sample in samples]
