@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -35,7 +36,7 @@ METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", 
                "speedup_vs_ar_std", "mean_accepted", "acceptance_rate", "prefill_s_mean",
                "decode_s_mean", "outputs_match_ar", "score_mean")
 
-COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware")
+COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s")
            + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)
            + tuple(f"run_{k}" for k in METRIC_KEYS) + ("rounds",))
 
@@ -93,6 +94,15 @@ def controller_name(method: str | None, options: dict) -> str | None:
     return None
 
 
+def run_wall_seconds(run: dict) -> float:
+    """Seconds from the run's start to its end (summary.json `run.started` / `run.finished`),
+    model loading and warm-up included; NaN when either stamp is missing."""
+    try:
+        return (datetime.fromisoformat(run["finished"]) - datetime.fromisoformat(run["started"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+
+
 def draft_length(options: dict, run: dict, controller: str | None) -> Any:
     """A fixed draft length k: the config's, else the engine's default that the run resolved
     (summary.json `run.method_options`); None under a controller that picks k itself."""
@@ -143,7 +153,7 @@ def rows_from_records(summary: dict, samples: list[dict], run_label: str,
             **{k: run.get(k) for k in RUN_COLUMNS},
             "controller": controller, "k": draft_length(options, run, controller),
             "budget": options.get("budget"),
-            "hardware": hardware_label(env, run),
+            "hardware": hardware_label(env, run), "run_wall_s": run_wall_seconds(run),
             **{f"run_{k}": metrics.get(k) for k in METRIC_KEYS}}
     return [_sample_row(base, sample) for sample in samples]
 

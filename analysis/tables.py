@@ -192,4 +192,16 @@ def write_table(table: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
-TABLES = {"method_comparison": method_comparison, "paper_vs_measured": paper_vs_measured}
+def experiment_costs(df: pd.DataFrame) -> pd.DataFrame:
+    """What each experiment cost here: runs, prompts and wall time (each run's start to end, model
+    loading, warm-up and the AR reference included), per experiment and hardware."""
+    runs = df.drop_duplicates("run").assign(experiment=lambda d: d["experiment"].fillna("(none)"))
+    table = runs.groupby(["experiment", "hardware"], sort=True).agg(
+        runs=("run", "size"), prompts=("run_n_prompts", "sum"), wall_s_total=("run_wall_s", "sum"),
+        wall_s_mean=("run_wall_s", "mean"), wall_s_max=("run_wall_s", "max")).reset_index()
+    table["wall_min_total"] = table["wall_s_total"] / 60
+    return table
+
+
+TABLES = {"method_comparison": method_comparison, "paper_vs_measured": paper_vs_measured,
+          "experiment_costs": experiment_costs}

@@ -116,8 +116,11 @@ def write_run(run_dir: Path, method: str, ctx: int, experiment: str | None = Non
               "ctx": ctx, "method": method_config(method, options), "logger": {"name": "none"}, "seed": seed,
               "num_prompts": n_prompts, "max_new_tokens": 24, "temperature": 0.0, "dtype": "float32",
               "device": "cpu"}
+    wall_s = sum(s["prefill_s"] + s["decode_s"] for s in samples) + 5
     summary = {"run": {"model": MODEL, "task": TASK, "source": "embedded", "method": method, "ctx": ctx,
-                       "seed": seed, "dtype": "float32", "device": "cpu", "temperature": 0.0},
+                       "seed": seed, "dtype": "float32", "device": "cpu", "temperature": 0.0,
+                       "started": "2026-11-29T12:00:00+00:00",
+                       "finished": f"2026-11-29T12:{int(wall_s) // 60:02d}:{int(wall_s) % 60:02d}+00:00"},
                "metrics": pooled_metrics(samples), "config": config,
                "env": {"python": "3.11", "torch": "2.13.0", "git_commit": "0" * 40, "cpu": CPU, "gpu": None}}
     (run_dir / ".hydra").mkdir(parents=True)
@@ -367,7 +370,7 @@ def test_every_figure_is_written_as_png_and_pdf(figures_out):
 
 
 def test_tables_are_written_in_three_formats(figures_out):
-    for stem in ("method_comparison", "paper_vs_measured"):
+    for stem in ("method_comparison", "paper_vs_measured", "experiment_costs"):
         for ext in ("csv", "md", "tex"):
             assert (figures_out / f"{stem}.{ext}").is_file(), f"missing {stem}.{ext}"
 
@@ -394,6 +397,21 @@ def test_table_value_equals_the_runs_summary_json(results, figures_out):
     assert row["speedup"] == pytest.approx(metrics["speedup_vs_ar"], rel=1e-12)
     assert row["acceptance_rate"] == pytest.approx(metrics["acceptance_rate"], rel=1e-12)
     assert row["n_prompts"] == metrics["n_prompts"]
+
+
+def test_experiment_costs_add_up_the_runs_wall_time(results, figures_out):
+    from datetime import datetime
+    table = pd.read_csv(figures_out / "experiment_costs.csv").set_index("experiment")
+    want: dict[str, float] = {}
+    for path in results.rglob("summary.json"):
+        run = json.loads(path.read_text())["run"]
+        experiment = yaml.safe_load((path.parent / ".hydra" / "hydra.yaml").read_text())["hydra"]["runtime"]["choices"]["experiment"]
+        seconds = (datetime.fromisoformat(run["finished"]) - datetime.fromisoformat(run["started"])).total_seconds()
+        want[experiment] = want.get(experiment, 0.0) + seconds
+    assert sorted(table.index) == sorted(want)
+    for experiment, seconds in want.items():
+        assert table.loc[experiment, "wall_s_total"] == pytest.approx(seconds)
+    assert table.loc["fixed_k_ablation_cpu", "runs"] == len(KS)
 
 
 def test_ar_row_is_the_reference(frame):
