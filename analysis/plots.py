@@ -83,7 +83,7 @@ def speedup_vs_context(df: pd.DataFrame) -> FigureList:
         errorbar_lines(ax, stats, "ctx", "label")
         ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ar (1.00×)")
         context_axis(ax, group["ctx"])
-        ax.set_ylabel("decode speedup over autoregressive (×, mean over prompts)")
+        ax.set_ylabel("decode speedup over AR (×, mean of prompts)")
         ax.legend(fontsize=8)
         caption(fig, group, "Speedup vs context length")
         figures.append((f"speedup_vs_context__{suffix}", fig))
