@@ -46,13 +46,7 @@ def test_equal_centres_keep_the_prior_k():
     ctl.mu_acc = ctl.mu_rej = 1.2
     ctl.c_draft = 0.01
     ctl.c_verify.add(4, 0.1)
-    ctl.start_round(limit=100)
-    drafted = []
-    while True:
-        drafted.append(torch.tensor(0.3))
-        if not ctl.keep_drafting(drafted):
-            break
-    assert len(drafted) == 5 and ctl.submit_count(5) == 5
+    assert run_online(ctl, [0.3] * 100) == (5, 5)
 
 
 def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
@@ -103,14 +97,7 @@ def test_warmup_cycles_and_centres_update():
 
 
 def test_fixed_k_caps_at_the_limit():
-    ctl = FixedK(8)
-    ctl.start_round(limit=3)
-    seen = []
-    while True:
-        seen.append(torch.tensor(0.0))
-        if not ctl.keep_drafting(seen):
-            break
-    assert len(seen) == 3
+    assert run_online(FixedK(8), [0.0] * 16, limit=3) == (3, 3)
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
