@@ -71,12 +71,25 @@ def split_options(method: str, options: dict) -> tuple[dict, dict]:
     """Method options -> (controller options, drafter options)."""
     drafter_cls = METHODS[method]
     controller_opts = {k: v for k, v in options.items() if k in CONTROLLER_OPTIONS}
+    if not drafter_cls.drafts and controller_opts:
+        raise ConfigError(f"method {method!r} drafts nothing, so it takes no controller option(s) "
+                          f"{sorted(controller_opts)}; drop them or pick a speculative method")
     drafter_opts = drafter_cls.resolve_options({k: v for k, v in options.items() if k not in CONTROLLER_OPTIONS})
     controller_opts.setdefault("controller", drafter_cls.default_controller)
     if controller_opts["controller"] not in drafter_cls.controllers:
         raise ConfigError(f"controller {controller_opts['controller']!r} does not fit method {method!r}; "
                           f"accepted: {list(drafter_cls.controllers)}")
     return controller_opts, drafter_opts
+
+
+def validate_options(method: str, options: dict) -> dict:
+    """The options `generate(method=..., **options)` will run with, defaults filled in; raises
+    ConfigError (one line) on an unknown method, an unknown option or a bad value."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; accepted: {sorted(METHODS)}")
+    controller_opts, drafter_opts = split_options(method, options)
+    build_controller(controller_opts)
+    return {**controller_opts, **drafter_opts}
 
 
 def build_controller(options: dict):

@@ -10,3 +10,4 @@ from .base import Drafter
 class AutoregressiveDrafter(Drafter):
     name = "ar"
     controllers = ("fixed",)
+    drafts = False

@@ -55,6 +55,7 @@ class Drafter:
     name: ClassVar[str] = ""
     OPTIONS: ClassVar[dict] = {}               # option -> default; validated by `resolve_options`
     records_attention: bool = False            # verification should record attention probabilities
+    drafts: ClassVar[bool] = True              # False only for AR: it proposes nothing, takes no controller options
     default_controller: ClassVar[str] = "fixed"
     controllers: ClassVar[tuple[str, ...]] = ("fixed", "entropy", "heuristic")
 
