@@ -44,6 +44,7 @@ class ModelSpec:
     dtype: str = "float32"                # fp32: the CPU default, and where AR/speculative tokens match exactly
     attn_implementation: str = "sdpa"     # stock kernel; the decode engine registers its own per call
     max_context: int | None = None        # None: the config's max_position_embeddings
+    trained_context: int | None = None    # the length the model was trained to; past it RoPE extrapolates (informational)
     revision: str | None = None           # hub branch/tag/commit; None: the default branch
 
     def __post_init__(self):
@@ -56,6 +57,10 @@ class ModelSpec:
             raise ConfigError(f"model.dtype={self.dtype!r} is unknown; accepted: {', '.join(DTYPES)}")
         if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context <= 0):
             raise ConfigError(f"model.max_context={self.max_context!r} must be a positive integer or null")
+        if self.trained_context is not None and (isinstance(self.trained_context, bool)
+                                                 or not isinstance(self.trained_context, int)
+                                                 or self.trained_context <= 0):
+            raise ConfigError(f"model.trained_context={self.trained_context!r} must be a positive integer or null")
 
     @classmethod
     def coerce(cls, spec: ModelSpec | Mapping) -> ModelSpec:

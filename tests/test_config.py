@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from sparsespec.decode import CONTROLLER_OPTIONS
 from sparsespec.errors import ConfigError
-from sparsespec.harness.checks import check_config, method_options, model_spec
+from sparsespec.harness.checks import check_config, context_warnings, method_options, model_spec, resolved_options
 from sparsespec.harness.contexts import exact_context_overrides
 from sparsespec.methods import METHODS
 from sparsespec.models import EMBEDDED_MODELS, ModelSpec
@@ -189,6 +189,7 @@ def test_submitit_launchers_compose(hydra_conf):
     (["method.options.controller=magic"], "magic"),
     (["+method.options.bogus=1"], "bogus"),
     (["method=ar", "+method.options.budget=0.1"], "budget"),
+    (["method=ar", "+method.options.k=4"], "takes no controller option(s) ['k']"),
     (["method.name=nosuch"], "nosuch"),
     (["ctx=-5"], "ctx=-5"),
     (["device=tpu"], "tpu"),
@@ -199,3 +200,36 @@ def test_bad_values_are_named(hydra_conf, overrides, fragment):
         check_config(make(*overrides))
     message = str(info.value)
     assert fragment in message and "\n" not in message
+
+
+def test_paper_gpu_command_passes_past_the_trained_length(hydra_conf):
+    """`python run.py model=llama3_8b method=sparsespec ctx=60k` (README, docs/harness.md) passes
+    the checks, with one warning that names the trained length; past max_context it still stops."""
+    cfg = make("model=llama3_8b", "method=sparsespec", "ctx=60k")
+    check_config(cfg)
+    assert (cfg.model.max_context, cfg.model.trained_context) == (65536, 8192)
+    warnings = context_warnings(cfg)
+    assert len(warnings) == 1 and "ctx=60000" in warnings[0] and "llama3_8b's trained length 8192" in warnings[0]
+    check_config(make("model=mistral_7b", "ctx=60k"))
+    assert "mistral_7b's trained length 32768" in context_warnings(make("model=mistral_7b", "ctx=60k"))[0]
+    assert context_warnings(make("model=llama3_8b", "ctx=8k")) == []          # 8000 + 128 fits 8192
+    assert context_warnings(make("model=llama3.1_8b", "ctx=60k")) == []
+    for overrides in (["ctx=128k"], ["ctx=64k", "max_new_tokens=2000"]):
+        with pytest.raises(ConfigError, match="exceeds model llama3_8b's max_context=65536"):
+            check_config(make("model=llama3_8b", *overrides))
+
+
+def test_trained_context_at_most_max_context(hydra_conf):
+    for name in options("model"):
+        model = make(f"model={name}").model
+        assert model.trained_context is not None and model.trained_context <= model.max_context, name
+
+
+def test_resolved_options_name_the_controller_and_its_k(hydra_conf):
+    """summary.json's method_options: a fixed-k run names its k even when left at the default."""
+    assert resolved_options("sparsespec", method_options(make("method=sparsespec_fixed")))["k"] == 4
+    fixed = resolved_options("sparsespec", method_options(make("method=sparsespec_fixed", "method.options.k=12")))
+    assert (fixed["controller"], fixed["k"]) == ("fixed", 12) and "budget" in fixed
+    entropy = resolved_options("sparsespec", method_options(make()))
+    assert entropy["controller"] == "entropy" and entropy["candidates"] == list(range(1, 17)) and "k" not in entropy
+    assert resolved_options("ar", {}).keys().isdisjoint({"k", "candidates", "prior_k"})

@@ -209,6 +209,24 @@ def test_run_writes_results_and_wandb_offline(tmp_path):
     assert (runs[0] / "files" / "samples.jsonl").read_text() == (out / "samples.jsonl").read_text()
 
 
+
+@pytest.mark.real_model
+def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_path):
+    """summary.json names the controller and k of a fixed-k run (k left at its default), and a
+    context past the model's trained length (but within max_context) runs with one warning line,
+    recorded in summary.json."""
+    out = tmp_path / "run"
+    result = cli(tmp_path, *QUICK, "num_prompts=1", "method=sparsespec_fixed", "model.trained_context=512",
+                 f"hydra.run.dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == ["warning: ctx=1000 + max_new_tokens=8 is past smollm2_135m's trained length 512; "
+                        "RoPE extrapolates, so task quality is not meaningful, speed is"], result.stderr[-3000:]
+    run = json.loads((out / "summary.json").read_text())["run"]
+    assert run["method"] == "sparsespec_fixed" and run["method_name"] == "sparsespec"
+    assert run["method_options"]["controller"] == "fixed" and run["method_options"]["k"] == 4
+    assert run["warnings"] == [warnings[0].removeprefix("warning: ")]
+
 @pytest.mark.real_model
 def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     out = tmp_path / "run"
@@ -274,8 +292,9 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     (["method.options.budget=0.01"], "fewer than sink+recent"),
     (["task.source=arxiv"], "task.source='arxiv' is unknown"),
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
+    (["method=ar", "+method.options.k=4"], "method 'ar' drafts nothing, so it takes no controller option(s) ['k']"),
 ], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-too-big", "budget-too-small",
-        "unknown-source", "unknown-option"])
+        "unknown-source", "unknown-option", "ar-controller-option"])
 def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
     result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])

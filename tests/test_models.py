@@ -59,6 +59,7 @@ def tiny_llama_folder(tmp_path):
     ({"name": "m", "embedded": "gpt5"}, ["gpt5", "smollm2_135m, qwen2.5_coder_0.5b"]),
     ({"name": "m", "path": "a/b", "dtype": "fp8"}, ["fp8", "float32, bfloat16, float16, auto"]),
     ({"name": "m", "path": "a/b", "max_context": -1}, ["max_context=-1"]),
+    ({"name": "m", "path": "a/b", "trained_context": 0}, ["trained_context=0"]),
     ({"name": "m", "path": "a/b", "context": 8}, ["unknown keys ['context']", "max_context"]),
 ])
 def test_bad_model_specs_raise_one_line_config_errors(spec, words):

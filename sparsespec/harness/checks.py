@@ -71,20 +71,45 @@ def check_context_fits(ctx: int, max_new_tokens: int, model_name: str, max_conte
             f"to run past the trained length on purpose")
 
 
+def trained_length_warning(ctx: int, max_new_tokens: int, model_name: str,
+                           trained_context: int | None) -> str | None:
+    """One line when the prompt plus the new tokens run past the length the model was trained to
+    (allowed up to max_context: the paper times 60K on Llama-3-8B), else None."""
+    if trained_context is None or ctx + max_new_tokens <= trained_context:
+        return None
+    return (f"ctx={ctx} + max_new_tokens={max_new_tokens} is past {model_name}'s trained length {trained_context}; "
+            f"RoPE extrapolates, so task quality is not meaningful, speed is")
+
+
+def context_warnings(cfg: DictConfig) -> list[str]:
+    """What the run should say once at its start and record in summary.json."""
+    warning = trained_length_warning(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.get("trained_context"))
+    return [warning] if warning else []
+
+
 def resolved_options(method: str, options: dict) -> dict:
-    """The options the engine will use: those given plus the method's defaults (validated)."""
-    from sparsespec.decode import build_controller, split_options
+    """The options the engine will run with (`sparsespec.decode.validate_options`), plus the
+    controller's own defaults (k for `fixed`, candidates etc. for `entropy`), so results name
+    every setting, e.g. the k of a fixed-k run that left k at its default."""
+    import inspect
+
+    from sparsespec.controller import CONTROLLERS
+    from sparsespec.decode import CONTROLLER_OPTIONS, validate_options
     from sparsespec.methods import METHODS
 
-    if method not in METHODS:
-        raise ConfigError(f"method.name={method!r} is unknown; accepted: {', '.join(sorted(METHODS))}")
-    controller_options, drafter_options = split_options(method, options)
-    build_controller(controller_options)
-    return {**controller_options, **drafter_options}
+    resolved = validate_options(method, options)   # one-line ConfigError on anything it rejects
+    controller = CONTROLLERS.get(resolved.get("controller"))
+    if controller is not None and METHODS[method].drafts:   # AR drafts nothing: no controller runs
+        for name, param in inspect.signature(controller.__init__).parameters.items():
+            if name in CONTROLLER_OPTIONS and name not in resolved and param.default is not param.empty:
+                default = param.default
+                resolved[name] = list(default) if isinstance(default, (tuple, range)) else default
+    return resolved
 
 
 def check_method(method: str, options: dict, ctx: int) -> None:
-    """Known method, known options with valid values, and a draft budget that fits the context."""
+    """Known method, known options with valid values (`validate_options`), and a draft budget that
+    fits the context."""
     budget = resolved_options(method, options).get("budget")
     if isinstance(budget, (int, float)) and budget >= 1 and budget > ctx:
         raise ConfigError(f"method.options.budget={budget!r} tokens does not fit ctx={ctx}; "

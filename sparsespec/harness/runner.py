@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,7 +16,8 @@ from tqdm import tqdm
 from sparsespec.errors import ConfigError
 
 from . import environment
-from .checks import as_dict, check_config, check_context_fits, device_name, method_options, model_spec, resolved_options
+from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name, method_options,
+                     model_spec, resolved_options)
 from .report import format_table
 from .results import SUMMARY, SamplesFile, aggregate, build_sample, check_resume, sample_key, write_json
 from .tracking import make_tracker
@@ -131,6 +133,9 @@ def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
     """Run `cfg` into `folder`, resuming what a previous run of the same settings finished there."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     check_config(cfg)
+    warnings = context_warnings(cfg)
+    for warning in warnings:   # once, before anything loads; summary.json keeps them
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     device = device_name(cfg.device)
     options = method_options(cfg)
     folder = Path(folder)
@@ -169,7 +174,7 @@ def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
                     "ctx": cfg.ctx, "seed": cfg.seed, "num_prompts": cfg.num_prompts,
                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
                     "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
-                    "device": device, "output_dir": str(folder), "resumed": resumed,
+                    "device": device, "output_dir": str(folder), "resumed": resumed, "warnings": warnings,
                     "wandb_dir": str(tracker.folder) if tracker.folder else None,
                     "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
             "metrics": metrics,
