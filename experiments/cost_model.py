@@ -1,0 +1,231 @@
+"""Timing-only cost model: C_AR, C_d and C_v(k) of a model *shape*, with random weights and a random KV cache.
+
+    python experiments/cost_model.py --device cuda --shape llama3_8b --contexts 16000,32000,60000
+    python experiments/cost_model.py --device cpu --shape tiny --contexts 2000,4000      # smoke test
+
+No weights, no hub, no prefill: the model is built from a config (random init), and the full KV
+cache is filled with random K/V of the right shape at the given context. Every cost is then timed
+on the engine's own code path (`sparsespec.decode.decode_round`, the same round the benchmark runs,
+with the engine's `Stopwatch`, which synchronises the GPU):
+
+- C_AR: one AR round = one decode step (1 token) over the full cache, greedy pick included;
+- C_d: one sparse draft step (the `sparsespec` drafter, budget 10% of the context) over the
+  gathered draft cache of M + up to k positions, per step of a k-step round;
+- C_v(k): one verification of k+1 tokens over the full cache, recording attention (RecordingHook);
+- select: the per-round top-K selection and gather that fills the draft cache.
+
+Each is the median of `--reps` rounds after two warm-up rounds; the cache is rolled back to the
+context after every round, so all rounds run at the same length. Random weights make acceptance
+meaningless, so tau (tokens per round, the bonus token included) is *assumed*: tau = a*k + 1 with
+a in {0.6, 0.8}, and the cost-model bound is tau * C_AR / (k * C_d + C_v(k)) (as in
+experiments/benchmark.py; `+sel` adds the select cost to the denominator). Writes cost_model.json and
+cost_model.md into --out after each context, so a run cut short keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sparsespec.cache import PreallocatedCache, num_decoder_layers  # noqa: E402
+from sparsespec.decode import RoundTimers, build_controller, decode_round, sparsespec_attention  # noqa: E402
+from sparsespec.methods import METHODS  # noqa: E402
+from sparsespec.methods.base import DecodeState  # noqa: E402
+from sparsespec.sampling import Sampler  # noqa: E402
+from sparsespec.timing import synchronize  # noqa: E402
+
+SHAPES = {
+    # Meta-Llama-3-8B: GQA 32/8 heads, head dim 128, rope theta 5e5; positions up to 128K (Llama 3.1)
+    "llama3_8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
+                      max_position_embeddings=131072),
+    # a few-layer stand-in with the same GQA ratio, to check the script on a CPU
+    "tiny": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                 intermediate_size=1408, vocab_size=32000, rope_theta=500000.0, max_position_embeddings=131072),
+}
+ASSUMED_ACCEPTANCE = (0.6, 0.8)    # accepted drafts per drafted token; tau = a*k + 1 (timing-only: no real acceptance)
+MAX_NEW_TOKENS = 128               # only sizes the drafter's buffers, as in the benchmark
+
+
+def build_model(shape: str, device: torch.device, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    params = dict(SHAPES[shape])
+    theta = params.pop("rope_theta")
+    config = LlamaConfig(**params, rope_parameters={"rope_type": "default", "rope_theta": theta},
+                         attn_implementation="sdpa")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):          # allocate and initialise straight on the device
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def filled_state(model, ctx: int, max_k: int, device: torch.device, dtype: torch.dtype, seed: int) -> DecodeState:
+    """A DecodeState whose full cache holds `ctx` positions of random K/V (no prefill)."""
+    config = model.config
+    hkv, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    capacity = ctx + MAX_NEW_TOKENS + max_k + 2          # as decode.decode() sizes it
+    cache = PreallocatedCache(num_decoder_layers(model), capacity)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for layer in cache.layers:
+        keys = torch.randn(1, hkv, ctx, head_dim, device=device, dtype=dtype, generator=gen)
+        values = torch.randn(1, hkv, ctx, head_dim, device=device, dtype=dtype, generator=gen)
+        layer.update(keys, values)                        # the cache's own write path; length = ctx
+        del keys, values
+    ids = torch.randint(config.vocab_size, (capacity,), device=device, generator=gen)
+    return DecodeState(model=model, cache=cache, ids=ids, length=ctx, prompt_len=ctx, sampler=Sampler(),
+                       max_new_tokens=MAX_NEW_TOKENS)
+
+
+def time_rounds(state: DecodeState, drafter, controller, reps: int, warmup: int = 2) -> list:
+    """`reps` timed rounds (after `warmup`), each from the same cache length."""
+    timers = RoundTimers(state.device)
+    ctx, rounds = state.length, []
+    for i in range(warmup + reps):
+        r = decode_round(state, drafter, controller, timers, wanted=1 << 20)
+        state.length = ctx                                # roll back: every round at the same context
+        state.cache.truncate(ctx)
+        if i >= warmup:
+            rounds.append(r)
+    return rounds
+
+
+def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, device, dtype, seed: int) -> dict:
+    state = filled_state(model, ctx, max(ks), device, dtype, seed)
+    config = model.config
+    ar = METHODS["ar"](model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=1)
+    ar_rounds = time_rounds(state, ar, build_controller({"controller": "fixed"}), reps=2 * reps)
+    c_ar = statistics.median(r.verify_s for r in ar_rounds)
+    rows, draft_m = [], None
+    drafter_cls = METHODS["sparsespec"]
+    for k in ks:
+        drafter = drafter_cls(model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=k,
+                              **drafter_cls.resolve_options({"budget": budget}))
+        # stand-in for the prefill observation window: random scores pick the first round's top-K;
+        # from the first verification on, the recorded attention replaces them (the real path)
+        drafter.scores = [torch.rand(config.num_key_value_heads, state.ids.shape[0], device=device)
+                          for _ in range(num_decoder_layers(model))]
+        rounds = time_rounds(state, drafter, build_controller({"controller": "fixed", "k": k}), reps=reps)
+        assert all(r.drafted == k and r.draft_steps == k for r in rounds), "a round drafted fewer than k tokens"
+        c_d = statistics.median(r.draft_s / r.draft_steps for r in rounds)
+        c_v = statistics.median(r.verify_s for r in rounds)
+        sel = statistics.median(r.select_s for r in rounds)
+        row = {"k": k, "c_d_s": c_d, "c_v_s": c_v, "select_s": sel, "c_d_over_c_ar": c_d / c_ar,
+               "c_v_over_c_ar": c_v / c_ar, "bounds": {}}
+        for a in ASSUMED_ACCEPTANCE:
+            tau = a * k + 1
+            row["bounds"][f"{a}"] = {"tau": tau, "bound": tau * c_ar / (k * c_d + c_v),
+                                     "bound_with_select": tau * c_ar / (k * c_d + c_v + sel)}
+        rows.append(row)
+        draft_m = drafter.budget.total
+        del drafter
+    del state
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"ctx": ctx, "draft_budget_tokens": draft_m, "c_ar_s": c_ar, "reps": reps, "rows": rows}
+
+
+def markdown(report: dict) -> str:
+    a_lo, a_hi = ASSUMED_ACCEPTANCE
+    lines = [f"Cost model, timing only: {report['shape']} shape, random weights, random KV cache; "
+             f"{report['dtype']} on {report['hardware']}. Medians of {report['reps']} rounds. "
+             f"tau is ASSUMED (no real acceptance): tau = a*k + 1 tokens per round, a in {{{a_lo}, {a_hi}}}; "
+             f"bound = tau*C_AR / (k*C_d + C_v(k)); '+sel' adds the select+gather cost per round.", "",
+             f"| ctx | draft M | k | C_AR ms | C_d ms | C_d/C_AR | C_v(k) ms | C_v/C_AR | select ms "
+             f"| bound a={a_lo} | bound a={a_hi} | bound a={a_hi} +sel |", "|" + "---|" * 12]
+    for res in report["results"]:
+        for r in res["rows"]:
+            b = r["bounds"]
+            lines.append(f"| {res['ctx']} | {res['draft_budget_tokens']} | {r['k']} | {res['c_ar_s'] * 1e3:.2f} | "
+                         f"{r['c_d_s'] * 1e3:.2f} | {r['c_d_over_c_ar']:.2f} | {r['c_v_s'] * 1e3:.2f} | "
+                         f"{r['c_v_over_c_ar']:.2f} | {r['select_s'] * 1e3:.2f} | {b[str(a_lo)]['bound']:.2f}x | "
+                         f"{b[str(a_hi)]['bound']:.2f}x | {b[str(a_hi)]['bound_with_select']:.2f}x |")
+    for skipped in report["skipped"]:
+        lines.append(f"\nSkipped ctx {skipped['ctx']}: {skipped['why']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama3_8b")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                   help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--contexts", default="16000,32000,60000", help="comma-separated context lengths (tokens)")
+    p.add_argument("--ks", default="4,8,16", help="draft lengths k for C_v(k)")
+    p.add_argument("--budget", type=float, default=0.1, help="draft KV budget, fraction of the context")
+    p.add_argument("--reps", type=int, default=10, help="timed rounds per measurement (AR gets twice as many)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="skip a context whose estimated time would end past this many seconds from start")
+    p.add_argument("--out", default=".", help="folder for cost_model.json and cost_model.md")
+    args = p.parse_args(argv)
+
+    start = time.perf_counter()
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    if device.type == "cpu":
+        torch.set_flush_denormal(True)
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    ks = sorted(int(k) for k in args.ks.split(",") if k)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import transformers
+
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report = {"shape": args.shape, "config": SHAPES[args.shape], "device": str(device), "dtype": str(dtype).split(".")[-1],
+              "hardware": hardware, "torch": torch.__version__, "transformers": transformers.__version__,
+              "ks": ks, "budget": args.budget, "reps": args.reps, "assumed_acceptance": list(ASSUMED_ACCEPTANCE),
+              "tau_definition": "assumed: a*k + 1 tokens per round (a accepted drafts per drafted token, plus the "
+                                "target's own token); not measured", "results": [], "skipped": []}
+    t0 = time.perf_counter()
+    model = build_model(args.shape, device, dtype)
+    synchronize(device)
+    report["build_s"] = time.perf_counter() - t0
+    print(f"built {args.shape} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {report['dtype']}) "
+          f"on {hardware} in {report['build_s']:.1f} s", flush=True)
+
+    last = None        # (ctx, seconds) of the previous context, to estimate the next one
+    with torch.inference_mode(), sparsespec_attention(model):
+        for ctx in contexts:
+            if args.deadline_s is not None and last is not None:
+                estimate = last[1] * ctx / last[0] * 1.5
+                if time.perf_counter() - start + estimate > args.deadline_s:
+                    why = f"estimated {estimate:.0f} s would pass the {args.deadline_s:.0f} s deadline"
+                    report["skipped"].append({"ctx": ctx, "why": why})
+                    print(f"skip ctx {ctx}: {why}", flush=True)
+                    continue
+            t0 = time.perf_counter()
+            try:
+                res = measure_context(model, ctx, ks, args.reps, args.budget, device, dtype, seed=ctx)
+            except torch.OutOfMemoryError as err:
+                report["skipped"].append({"ctx": ctx, "why": f"out of memory: {str(err).splitlines()[0]}"})
+                torch.cuda.empty_cache()
+                continue
+            res["seconds"] = time.perf_counter() - t0
+            last = (ctx, res["seconds"])
+            report["results"].append(res)
+            report["total_s"] = time.perf_counter() - start
+            (out / "cost_model.json").write_text(json.dumps(report, indent=1))
+            (out / "cost_model.md").write_text(markdown(report) + "\n")
+            print(f"ctx {ctx}: measured in {res['seconds']:.1f} s", flush=True)
+    report["total_s"] = time.perf_counter() - start
+    (out / "cost_model.json").write_text(json.dumps(report, indent=1))
+    (out / "cost_model.md").write_text(markdown(report) + "\n")
+    print(markdown(report))
+    print(f"\nwrote {out / 'cost_model.md'} and cost_model.json ({report['total_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
