@@ -53,12 +53,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .errors import ConfigError
+
 
 def paper_acceptance(entropy: float, mu_acc: float, mu_rej: float, tau: float = 1.0) -> float:
     """p = softmax over the negative L1 distances of H to the accepted and rejected centres."""
     a = math.exp(-abs(entropy - mu_acc) / tau)
     r = math.exp(-abs(entropy - mu_rej) / tau)
     return a / (a + r)
+
+
+def with_base_rate(p: float, rate: float) -> float:
+    """Bayes' rule with a prior: p is the posterior under equal class priors (the paper's form);
+    reweight it by the prior odds rate / (1 - rate) of a judged draft token being accepted."""
+    return rate * p / (rate * p + (1.0 - rate) * (1.0 - p))
 
 
 def survival(probs: Sequence[float]) -> list[float]:
@@ -147,7 +155,7 @@ class EntropyController:
     def __init__(self, candidates: Sequence[int] = tuple(range(1, 17)), prior_k: int = 4,
                  warmup_k: Sequence[int] = (4, 8), warmup_rounds: int = 4, ema_entropy: float = 0.1,
                  ema_cost: float = 0.2, tau: float = 1.0, min_separation: float = 0.05,
-                 acceptance_fn: Callable[..., float] = paper_acceptance):
+                 acceptance_prior: bool = True, lookahead: str = "predict", acceptance_fn: Callable[..., float] = paper_acceptance):
         self.candidates = sorted(set(int(k) for k in candidates))
         self.prior_k = prior_k                     # k used while entropy cannot yet discriminate
         self.warmup_k = list(warmup_k)             # warm-up cycles these, so C_v's slope is measured
@@ -156,7 +164,11 @@ class EntropyController:
         self.ema_cost = ema_cost                   # ~5-round memory for the measured costs
         self.tau = tau
         self.min_separation = min_separation       # nats; below it the centres are "equal"
+        self.acceptance_prior = acceptance_prior   # weight p_i by the measured acceptance rate
         self.acceptance_fn = acceptance_fn
+        if lookahead not in ("predict", "exact"):
+            raise ConfigError(f"lookahead={lookahead!r} is unknown; accepted: ['predict', 'exact']")
+        self.lookahead = lookahead                 # predict: stop before a draft step expected to lose
         self.max_k = max(self.candidates + [prior_k] + self.warmup_k)
         self.mu_acc: float | None = None
         self.mu_rej: float | None = None
@@ -190,7 +202,10 @@ class EntropyController:
             return (self.n_accepted + 1) / (self.n_accepted + 2)
         if self.mu_acc is None:
             return 1 / (self.n_rejected + 2)
-        return self.acceptance_fn(entropy, self.mu_acc, self.mu_rej, self.tau)
+        p = self.acceptance_fn(entropy, self.mu_acc, self.mu_rej, self.tau)
+        if not self.acceptance_prior:
+            return p
+        return with_base_rate(p, (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2))
 
     # --- the round protocol -----------------------------------------------------------------
     def start_round(self, limit: int) -> None:
@@ -219,7 +234,10 @@ class EntropyController:
             return False
         nxt = next((k for k in self.candidates if k > j), None)
         if self._best_k and nxt is not None:
-            bound = (1.0 + sum(pis) + (nxt - j) * pis[-1]) / (nxt * self.c_draft + self.c_verify(nxt))
+            # later tokens' pi: at most pi_j ("exact"), or pi_j * p_j^t if p stays at p_j ("predict")
+            p_next = 1.0 if self.lookahead == "exact" else self._probs[-1]
+            later = sum(pis[-1] * p_next ** t for t in range(1, nxt - j + 1))
+            bound = (1.0 + sum(pis) + later) / (nxt * self.c_draft + self.c_verify(nxt))
             if bound <= self._best_r:
                 self._submit = self._best_k
                 return False
@@ -272,7 +290,6 @@ CONTROLLERS = {"fixed": FixedK, "entropy": EntropyController, "heuristic": Heuri
 
 
 def make_controller(name: str, **options):
-    from .errors import ConfigError
     if name not in CONTROLLERS:
         raise ConfigError(f"unknown controller {name!r}; choose one of {sorted(CONTROLLERS)}")
     return CONTROLLERS[name](**options)

@@ -10,7 +10,7 @@ import torch
 import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec.controller import (EntropyController, FixedK, choose_k, expected_ratio, paper_acceptance,
-                                   survival)
+                                   survival, with_base_rate)
 
 
 def test_acceptance_probability_at_the_centres_and_halfway():
@@ -20,6 +20,18 @@ def test_acceptance_probability_at_the_centres_and_halfway():
     assert paper_acceptance(3.0, mu_acc, mu_rej) == pytest.approx(1 - at_acc)
     assert paper_acceptance(2.0, mu_acc, mu_rej) == pytest.approx(0.5)
     assert paper_acceptance(-5.0, mu_acc, mu_rej) == pytest.approx(at_acc)  # beyond a centre: saturates
+
+
+def test_base_rate_reweights_the_equal_prior_posterior():
+    assert with_base_rate(0.5, 0.9) == pytest.approx(0.9)      # entropy undecided: the base rate
+    assert with_base_rate(0.8, 0.5) == pytest.approx(0.8)      # even prior: the paper's p
+    # p = 0.6, rate = 0.75: 0.75*0.6 / (0.75*0.6 + 0.25*0.4) = 0.45 / 0.55
+    assert with_base_rate(0.6, 0.75) == pytest.approx(0.45 / 0.55)
+    ctl = EntropyController(acceptance_prior=True)
+    ctl.mu_acc, ctl.mu_rej, ctl.n_accepted, ctl.n_rejected = 0.5, 2.5, 28, 8   # rate (28+1)/(36+2)
+    assert ctl.acceptance(0.5) == pytest.approx(with_base_rate(paper_acceptance(0.5, 0.5, 2.5), 29 / 38))
+    ctl.acceptance_prior = False
+    assert ctl.acceptance(0.5) == pytest.approx(paper_acceptance(0.5, 0.5, 2.5))
 
 
 def test_survival_is_the_running_product():
@@ -64,7 +76,7 @@ def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
 def test_online_rule_chooses_the_closed_form_k(seed):
     rng = random.Random(seed)
     candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
-    ctl = EntropyController(candidates=candidates, warmup_rounds=0)
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead="exact")
     ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
     ctl.c_draft = rng.uniform(0.005, 0.5)
     ctl.c_verify.add(2, rng.uniform(0.1, 1.0))
@@ -76,6 +88,22 @@ def test_online_rule_chooses_the_closed_form_k(seed):
     assert submitted == closed
     assert drafted <= max(candidates)                 # never drafts past max(K)
     assert drafted >= closed
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_predictive_lookahead_wastes_no_draft_step_when_entropy_is_steady(seed):
+    """lookahead="predict" assumes p stays at its last value; when it does, the choice is the
+    closed form's and no drafted token is thrown away."""
+    rng = random.Random(seed)
+    candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead="predict")
+    ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
+    ctl.c_draft = rng.uniform(0.005, 0.5)
+    ctl.c_verify.add(2, rng.uniform(0.1, 1.0))
+    ctl.c_verify.add(8, ctl.c_verify(2) + rng.uniform(0, 0.5))
+    entropies = [rng.uniform(0, 4)] * 16
+    closed = choose_k([ctl.acceptance(h) for h in entropies], candidates, ctl.c_draft, ctl.c_verify)
+    assert run_online(ctl, entropies) == (closed, closed)
 
 
 def test_online_rule_stops_early_on_a_high_entropy_token():

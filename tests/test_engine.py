@@ -69,7 +69,7 @@ def test_preallocated_layer_rolls_back_in_place():
 
 def test_generation_metrics(model):
     gen = sparsespec.generate(model, random_prompt(200), method="sparsespec", controller="fixed", k=4,
-                              budget=10_000, max_new_tokens=21, stop_at_eos=False)
+                              budget=10_000, draft_weights="full", max_new_tokens=21, stop_at_eos=False)
     assert gen.mean_accepted == pytest.approx(20 / len(gen.rounds)) and gen.mean_accepted > 4
     assert gen.acceptance_rate == 1.0
     assert gen.tokens_per_s == pytest.approx(20 / gen.decode_s)

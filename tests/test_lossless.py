@@ -13,7 +13,8 @@ PROMPT_LEN = 300          # well above every sparse budget below, and above the 
 
 TINY_BUDGET = dict(sink=2, recent=4, topk=4)          # 10 of 300 positions: drafts often rejected
 MID_BUDGET = dict(sink=4, recent=16, budget=0.2)
-OVER_BUDGET = dict(budget=10_000)                     # more than the context: a dense draft
+OVER_BUDGET = dict(budget=10_000, draft_weights="full")  # more than the context: a dense draft
+# every other sparse-KV case drafts with the CPU default, int8 draft weights ("auto")
 
 CASES = {
     "sparsespec-fixed-tiny": ("sparsespec", dict(controller="fixed", k=4, **TINY_BUDGET)),
@@ -21,6 +22,8 @@ CASES = {
     "sparsespec-fixed-mid": ("sparsespec", dict(controller="fixed", k=6, **MID_BUDGET)),
     "sparsespec-entropy-mid": ("sparsespec", dict(controller="entropy", **MID_BUDGET)),
     "sparsespec-decay-mid": ("sparsespec", dict(controller="fixed", k=3, score_decay=0.5, **MID_BUDGET)),
+    "sparsespec-fullweights-mid": ("sparsespec", dict(controller="entropy", draft_weights="full", **MID_BUDGET)),
+    "sparsespec-exact-lookahead": ("sparsespec", dict(lookahead="exact", acceptance_prior=False, **TINY_BUDGET)),
     "sparsespec-fixed-over": ("sparsespec", dict(controller="fixed", k=5, **OVER_BUDGET)),
     "sparsespec-entropy-over": ("sparsespec", dict(controller="entropy", **OVER_BUDGET)),
     "streaming": ("streaming", dict(k=4, sink=2, budget=24)),
@@ -90,7 +93,8 @@ def test_prompt_shorter_than_budget_is_dense(references):
     short = prompt[:, :40]
     ar = sparsespec.generate(model, short, method="ar", max_new_tokens=20, stop_at_eos=False)
     gen = sparsespec.generate(model, short, method="sparsespec", controller="fixed", k=4,
-                              sink=4, recent=16, topk=64, max_new_tokens=20, stop_at_eos=False)
+                              sink=4, recent=16, topk=64, draft_weights="full", max_new_tokens=20,
+                              stop_at_eos=False)
     assert gen.tokens == ar.tokens
     assert gen.acceptance_rate == 1.0
 

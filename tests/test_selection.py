@@ -90,11 +90,12 @@ def test_one_round_runs_k_draft_forwards_and_one_verify_forward():
     model = build_tiny("llama")
     prompt = random_prompt(200)
     calls = []
-    handle = model.register_forward_pre_hook(lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
-                                             with_kwargs=True)
+    # every forward (prefill, draft, verify) goes through the decoder; full draft weights keep it one module
+    handle = model.get_decoder().register_forward_pre_hook(
+        lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     try:
         gen = sparsespec.generate(model, prompt, method="sparsespec", controller="fixed", k=4, recent=8,
-                                  budget=40, max_new_tokens=21, stop_at_eos=False)
+                                  budget=40, draft_weights="full", max_new_tokens=21, stop_at_eos=False)
     finally:
         handle.remove()
     assert calls[0] == 200                                              # prefill (records scores too)

@@ -64,6 +64,7 @@ class Drafter:
         self.prompt_len = prompt_len
         self.max_k = max_k
         self.options = options
+        self.resolved_options: dict = {}       # options whose value depends on the model (e.g. "auto")
 
     @classmethod
     def resolve_options(cls, options: dict) -> dict:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import torch
 
 from ..cache import num_decoder_layers
+from ..draft_weights import draft_model, resolve_draft_weights
 from ..errors import ConfigError
 from .base import DecodeState, ModelDrafter
 
@@ -33,18 +34,24 @@ def early_exit(model, n_layers: int):
 
 class LayerSkipDrafter(ModelDrafter):
     name = "layerskip"
-    OPTIONS = {"exit_layer": None}     # None: half the layers, the usual LayerSkip operating point
+    OPTIONS = {
+        "exit_layer": None,        # None: half the layers, the usual LayerSkip operating point
+        "draft_weights": "auto",   # as sparsespec's, so both draft on the same weights (bf16 cannot
+    }                              # write into the fp32 full cache, so it is not offered here)
 
-    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, exit_layer):
+    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, exit_layer, draft_weights):
         super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
+        weights = resolve_draft_weights(model, draft_weights, allowed=("auto", "full", "int8"))
+        self.resolved_options = {"draft_weights": weights}
+        self.drafting_model = draft_model(model, weights)
         n = num_decoder_layers(model)
         self.exit_layer = n // 2 if exit_layer is None else exit_layer
         if not isinstance(self.exit_layer, int) or not 1 <= self.exit_layer < n:
             raise ConfigError(f"exit_layer={exit_layer!r} must be an integer in [1, {n - 1}] for this {n}-layer model")
 
     def step(self, state: DecodeState, token, position) -> torch.Tensor:
-        with early_exit(self.model, self.exit_layer):
-            out = self.model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
+        with early_exit(self.drafting_model, self.exit_layer):
+            out = self.drafting_model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
                              past_key_values=state.cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 

@@ -16,6 +16,7 @@ import torch
 
 from ..attention import ObservationHook, RecordingHook, attend_all
 from ..cache import PreallocatedCache, num_decoder_layers
+from ..draft_weights import draft_model, resolve_draft_weights
 from ..errors import ConfigError
 from ..selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
 from .base import DecodeState, ModelDrafter
@@ -50,13 +51,18 @@ class SparseKVDrafter(ModelDrafter):
         "budget": 0.1,        # ~10% of the context was the paper's best drafting budget
         "obs_window": 16,     # prefill queries that seed round one (the paper recycles 16 queries)
         "score_decay": 0.0,   # 0: scores of the last verification only; >0: EMA over rounds
+        "draft_weights": "auto",  # int8 draft copy on CPU (a step is weight-read bound), full on GPU
     }
     refresh_scores = True     # False: keep the prefill scores (snapkv_static)
     use_topk = True           # False: streaming (sinks + recent only)
 
     def __init__(self, model, *, prompt_len, max_new_tokens, max_k, sink, recent, topk, budget,
-                 obs_window, score_decay):
+                 obs_window, score_decay, draft_weights):
         super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
+        weights = resolve_draft_weights(model, draft_weights)
+        self.resolved_options = {"draft_weights": weights}
+        self.drafting_model = draft_model(model, weights)
+        self.draft_dtype = next(self.drafting_model.parameters()).dtype
         if not self.use_topk:           # streaming: the whole budget beyond the sinks is recent
             total = resolve_budget(prompt_len, sink=sink, recent=0, topk=topk, budget=budget).total
             self.budget = Budget(sink, max(total - sink, 0), 0)
@@ -109,10 +115,11 @@ class SparseKVDrafter(ModelDrafter):
             start = window_start(self.windows[i], length)
             scores = self.scores[i] if self.scores is not None else full.keys.new_zeros(full.keys.shape[1], 1)
             positions = select_topk_positions(scores, length, self.budget, start)
-            draft.load(*gather_positions(full.keys, full.values, positions))
+            keys, values = gather_positions(full.keys, full.values, positions)
+            draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype))
 
     def step(self, state, token, position) -> torch.Tensor:
-        out = self.model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
+        out = self.drafting_model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
                          past_key_values=self.draft_cache, use_cache=True, attn_hook=attend_all,
                          logits_to_keep=1)
         return out.logits[0, -1]
@@ -128,8 +135,8 @@ class StreamingDrafter(SparseKVDrafter):
     name = "streaming"
     default_controller = "fixed"
     use_topk = False
-    OPTIONS = {"sink": SparseKVDrafter.OPTIONS["sink"], "budget": SparseKVDrafter.OPTIONS["budget"]}
+    OPTIONS = {k: SparseKVDrafter.OPTIONS[k] for k in ("sink", "budget", "draft_weights")}
 
-    def __init__(self, model, *, sink, budget, **kw):
+    def __init__(self, model, *, sink, budget, draft_weights, **kw):
         super().__init__(model, sink=sink, recent=0, topk=None, budget=budget, obs_window=1,
-                         score_decay=0.0, **kw)
+                         score_decay=0.0, draft_weights=draft_weights, **kw)
