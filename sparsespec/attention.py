@@ -6,9 +6,10 @@ gathered draft cache). A hook replaces it for one forward:
 
 - `ObservationHook` (prefill): SDPA output, plus the attention that the last `window` prompt
   queries pay to each position, reduced per KV head. It seeds the first round's top-K (SnapKV-style).
-- `RecordingHook` (verification): attention computed explicitly in packed-GQA form, so the
-  probabilities are at hand: out = P @ V, and sum_{queries, group heads} P is recorded per layer
-  and KV head. No second attention pass, no `repeat_kv`.
+- `ExplicitAttentionHook` (verification, every speculative method): attention computed explicitly
+  in packed-GQA form, out = P @ V. No `repeat_kv`, and no slow masked-SDPA fallback on CPU.
+- `RecordingHook` (SparseSpec-L's verification): the same, and sum_{queries, group heads} P is
+  recorded per layer and KV head. No second attention pass.
 - `attend_all` (drafting over a gathered draft cache): SDPA with no mask.
 - `OracleHook` (the oracle baseline's drafting): the true full attention of the draft query picks
   the top-K positions per KV head, and the query then attends to those positions only.
@@ -87,8 +88,26 @@ def apply_probs(probs, value, dtype) -> torch.Tensor:
     return out.view(b, hkv * g, q, -1).transpose(1, 2).contiguous()
 
 
-class RecordingHook:
-    """Verification: attention from explicit probabilities; records per-layer position importance.
+class ExplicitAttentionHook:
+    """Verification of several tokens: attention from explicit probabilities in packed-GQA form.
+
+    Every speculative method verifies this way, so they all pay the same verification. It is also
+    the fast path on a CPU: SDPA with a mask over a long cache falls back to a slow kernel there
+    (SmolLM2, 5 queries over 8K: 623 ms for the whole verification against 152 ms this way)."""
+
+    def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
+        q, n = query.shape[2], key.shape[2]
+        visible = visible_keys(attention_mask, q, n, query.device)
+        probs = grouped_attention_probs(query, key, visible, scaling)
+        self.record(module.layer_idx, probs)
+        return apply_probs(probs, value, query.dtype), None
+
+    def record(self, layer_idx: int, probs: torch.Tensor) -> None:
+        pass
+
+
+class RecordingHook(ExplicitAttentionHook):
+    """Verification that also records per-layer position importance for the next round's top-K.
 
     `scores[layer]` is (Hkv, N): attention received by each position, summed over the verification
     queries and over the query heads of each KV group.
@@ -97,12 +116,8 @@ class RecordingHook:
     def __init__(self):
         self.scores: dict[int, torch.Tensor] = {}
 
-    def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
-        q, n = query.shape[2], key.shape[2]
-        visible = visible_keys(attention_mask, q, n, query.device)
-        probs = grouped_attention_probs(query, key, visible, scaling)
-        self.scores[module.layer_idx] = probs[0].sum(dim=(1, 2))          # (Hkv, N)
-        return apply_probs(probs, value, query.dtype), None
+    def record(self, layer_idx: int, probs: torch.Tensor) -> None:
+        self.scores[layer_idx] = probs[0].sum(dim=(1, 2))                # (Hkv, N)
 
 
 class ObservationHook:
@@ -147,3 +162,27 @@ class OracleHook:
             probs = probs * keep.view(1, keep.shape[0], 1, 1, n)
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return apply_probs(probs, value, query.dtype), None
+
+
+class StaticDraftHook:
+    """Drafting over a `StaticDraftCache`: the query attends to the slots whose absolute position it
+    may see (filled, not in its future, inside a sliding window), per KV head; packed-GQA SDPA.
+
+    The mask comes from tensors only, so the draft step has fixed shapes end to end."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
+        b, h, q, d = query.shape                                        # q == 1 while drafting
+        hkv = key.shape[1]
+        layer = self.cache.layers[module.layer_idx]
+        qpos = self.cache.query_position.view(1, 1)
+        visible = (layer.positions >= 0) & (layer.positions <= qpos)    # (Hkv, C)
+        window = kwargs.get("sliding_window")
+        if window is not None:
+            visible &= layer.positions > qpos - window
+        qg = query.reshape(b, hkv, (h // hkv) * q, d)                   # (B, Hkv, G, D)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qg, key, value, attn_mask=visible.view(1, hkv, 1, -1), scale=scaling)
+        return out.view(b, h, q, -1).transpose(1, 2).contiguous(), None  # (B, q, H, Dv)

@@ -72,15 +72,21 @@ def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
     return len(seen), ctl.submit_count(len(seen))
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_online_rule_chooses_the_closed_form_k(seed):
-    rng = random.Random(seed)
+def random_controller(rng: random.Random, lookahead: str) -> tuple[EntropyController, list[int]]:
+    """A controller past warm-up with random candidates, entropy centres and costs."""
     candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
-    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead="exact")
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead)
     ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
     ctl.c_draft = rng.uniform(0.005, 0.5)
     ctl.c_verify.add(2, rng.uniform(0.1, 1.0))
     ctl.c_verify.add(8, ctl.c_verify(2) + rng.uniform(0, 0.5))
+    return ctl, candidates
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_online_rule_chooses_the_closed_form_k(seed):
+    rng = random.Random(seed)
+    ctl, candidates = random_controller(rng, "exact")
     entropies = [rng.uniform(0, 4) for _ in range(16)]
     probs = [ctl.acceptance(h) for h in entropies]
     closed = choose_k(probs, candidates, ctl.c_draft, ctl.c_verify)
@@ -95,12 +101,7 @@ def test_predictive_lookahead_wastes_no_draft_step_when_entropy_is_steady(seed):
     """lookahead="predict" assumes p stays at its last value; when it does, the choice is the
     closed form's and no drafted token is thrown away."""
     rng = random.Random(seed)
-    candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
-    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead="predict")
-    ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
-    ctl.c_draft = rng.uniform(0.005, 0.5)
-    ctl.c_verify.add(2, rng.uniform(0.1, 1.0))
-    ctl.c_verify.add(8, ctl.c_verify(2) + rng.uniform(0, 0.5))
+    ctl, candidates = random_controller(rng, "predict")
     entropies = [rng.uniform(0, 4)] * 16
     closed = choose_k([ctl.acceptance(h) for h in entropies], candidates, ctl.c_draft, ctl.c_verify)
     assert run_online(ctl, entropies) == (closed, closed)

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import torch
 
+from ..attention import ExplicitAttentionHook
 from ..cache import PreallocatedCache
 from ..errors import ConfigError
 from ..sampling import Sampler, entropy
@@ -87,8 +88,9 @@ class Drafter:
         return Draft()
 
     def verify_hook(self):
-        """An attention hook for the verification forward, or None (plain SDPA)."""
-        return None
+        """The attention hook for the verification forward (the same explicit attention for every
+        speculative method, so none pays a slower verification than another)."""
+        return ExplicitAttentionHook()
 
     def after_verify(self, state: DecodeState, hook, accepted: int, submitted: int) -> None:
         """Called once the full cache has been rolled back to `state.length`."""

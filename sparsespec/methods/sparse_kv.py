@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import ObservationHook, RecordingHook, attend_all
-from ..cache import PreallocatedCache, num_decoder_layers
+from ..attention import ObservationHook, RecordingHook, StaticDraftHook, attend_all
+from ..cache import PreallocatedCache, StaticDraftCache, num_decoder_layers
 from ..draft_weights import draft_model, resolve_draft_weights
 from ..errors import ConfigError
 from ..selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
@@ -52,12 +52,14 @@ class SparseKVDrafter(ModelDrafter):
         "obs_window": 16,     # prefill queries that seed round one (the paper recycles 16 queries)
         "score_decay": 0.0,   # 0: scores of the last verification only; >0: EMA over rounds
         "draft_weights": "auto",  # int8 draft copy on CPU (a step is weight-read bound), full on GPU
+        "static_draft": False,    # fixed-shape draft cache + masked attention (what compile needs)
+        "compile_draft": False,   # torch.compile the draft step (true: inductor, CUDA graphs on GPU; or a backend name)
     }
     refresh_scores = True     # False: keep the prefill scores (snapkv_static)
     use_topk = True           # False: streaming (sinks + recent only)
 
     def __init__(self, model, *, prompt_len, max_new_tokens, max_k, sink, recent, topk, budget,
-                 obs_window, score_decay, draft_weights):
+                 obs_window, score_decay, draft_weights, static_draft, compile_draft):
         super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
         weights = resolve_draft_weights(model, draft_weights)
         self.resolved_options = {"draft_weights": weights}
@@ -77,7 +79,23 @@ class SparseKVDrafter(ModelDrafter):
         n_layers = num_decoder_layers(model)
         self.windows = [sliding_window_of(model, i) for i in range(n_layers)]
         # the draft cache holds M gathered positions + the round's draft tokens (+1 discarded step)
-        self.draft_cache = PreallocatedCache(n_layers, self.budget.total + max_k + 2)
+        if not isinstance(static_draft, bool):
+            raise ConfigError(f"static_draft={static_draft!r} must be true or false")
+        if not (isinstance(compile_draft, (bool, str)) or callable(compile_draft)):
+            raise ConfigError(f"compile_draft={compile_draft!r} must be true, false or a torch.compile backend")
+        self.static = static_draft or bool(compile_draft)
+        if self.static:
+            self.draft_cache = StaticDraftCache(n_layers, self.budget.total + max_k + 2, device=model.device)
+            self.draft_hook = StaticDraftHook(self.draft_cache)
+        else:
+            self.draft_cache = PreallocatedCache(n_layers, self.budget.total + max_k + 2)
+            self.draft_hook = attend_all
+        self.step_model = self.drafting_model
+        if compile_draft:   # CUDA graphs need the fixed addresses the static cache marks
+            backend = "inductor" if compile_draft is True else compile_draft
+            mode = "reduce-overhead" if model.device.type == "cuda" and backend == "inductor" else None
+            self.step_model = torch.compile(self.drafting_model, dynamic=False, backend=backend, mode=mode)
+        self.resolved_options.update(static_draft=self.static)
         self.scores: list[torch.Tensor] | None = None     # per layer (Hkv, capacity)
 
     # --- scores -----------------------------------------------------------------------------
@@ -101,10 +119,10 @@ class SparseKVDrafter(ModelDrafter):
                 self.scores[layer][:, :n].copy_(new)
 
     def verify_hook(self):
-        return RecordingHook() if self.records_attention else None
+        return RecordingHook() if self.records_attention else super().verify_hook()
 
     def after_verify(self, state, hook, accepted, submitted) -> None:
-        if hook is not None:
+        if isinstance(hook, RecordingHook):
             self._absorb(hook.scores)
 
     # --- drafting ---------------------------------------------------------------------------
@@ -116,12 +134,17 @@ class SparseKVDrafter(ModelDrafter):
             scores = self.scores[i] if self.scores is not None else full.keys.new_zeros(full.keys.shape[1], 1)
             positions = select_topk_positions(scores, length, self.budget, start)
             keys, values = gather_positions(full.keys, full.values, positions)
-            draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype))
+            if self.static:
+                draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype), positions)
+            else:
+                draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype))
 
     def step(self, state, token, position) -> torch.Tensor:
-        out = self.drafting_model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
-                         past_key_values=self.draft_cache, use_cache=True, attn_hook=attend_all,
-                         logits_to_keep=1)
+        position_ids = torch.tensor([[position]], device=state.device)
+        if self.static:
+            self.draft_cache.query_position.copy_(position_ids)
+        out = self.step_model(input_ids=token, position_ids=position_ids, past_key_values=self.draft_cache,
+                              use_cache=True, attn_hook=self.draft_hook, logits_to_keep=1)
         return out.logits[0, -1]
 
 
@@ -135,8 +158,9 @@ class StreamingDrafter(SparseKVDrafter):
     name = "streaming"
     default_controller = "fixed"
     use_topk = False
-    OPTIONS = {k: SparseKVDrafter.OPTIONS[k] for k in ("sink", "budget", "draft_weights")}
+    OPTIONS = {k: SparseKVDrafter.OPTIONS[k]
+               for k in ("sink", "budget", "draft_weights", "static_draft", "compile_draft")}
 
-    def __init__(self, model, *, sink, budget, draft_weights, **kw):
+    def __init__(self, model, *, sink, budget, **kw):
         super().__init__(model, sink=sink, recent=0, topk=None, budget=budget, obs_window=1,
-                         score_decay=0.0, draft_weights=draft_weights, **kw)
+                         score_decay=0.0, **kw)
