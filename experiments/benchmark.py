@@ -56,7 +56,7 @@ def busy_fraction(seconds: float = 2.0) -> float | None:
 def sample_load() -> dict:
     busy = busy_fraction()
     noisy = busy > NOISY_BUSY if busy is not None else os.getloadavg()[0] > 0.5
-    return {"busy_before": busy, "noisy": noisy}
+    return {"busy": busy, "noisy": noisy}
 
 
 def method_setups(names: list[str]) -> dict[str, tuple[str, dict]]:
@@ -122,8 +122,8 @@ def run_context(cfg, model, tokenizer, setups, ctx: int) -> dict:
             gens[label].append(sparsespec.generate(model, prompt.input_ids, method=method, **common, **options))
     rows = [cost_row(label, g, gens["ar"]) for label, g in gens.items()]
     after = sample_load()                                  # someone may have started during the run
-    return {"ctx": ctx, "context_tokens": [len(p.input_ids) for p in prompts], "busy_before": load["busy_before"],
-            "busy_after": after["busy_before"], "noisy": load["noisy"] or after["noisy"], "rows": rows}
+    return {"ctx": ctx, "context_tokens": [len(p.input_ids) for p in prompts], "busy_before": load["busy"],
+            "busy_after": after["busy"], "noisy": load["noisy"] or after["noisy"], "rows": rows}
 
 
 def markdown(results: list[dict], hardware: str) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from ..attention import ExplicitAttentionHook
 from ..cache import PreallocatedCache
+from ..draft_weights import DRAFT_WEIGHTS, draft_model, resolve_draft_weights
 from ..errors import ConfigError
 from ..sampling import Sampler, entropy
 
@@ -101,6 +102,13 @@ class ModelDrafter(Drafter):
     """Drafts one token per forward of some model; subclasses implement `prepare` and `step`."""
 
     default_controller = "fixed"
+
+    def use_draft_weights(self, kind: str, allowed: tuple[str, ...] = DRAFT_WEIGHTS) -> None:
+        """Draft with `kind` weights (sparsespec/draft_weights.py): sets `drafting_model` and records
+        the concrete choice ("auto" resolved) in `resolved_options`."""
+        weights = resolve_draft_weights(self.model, kind, allowed)
+        self.resolved_options["draft_weights"] = weights
+        self.drafting_model = draft_model(self.model, weights)
 
     def prepare(self, state: DecodeState) -> None:
         """Per-round set-up before the first draft step (e.g. gather the draft KV)."""

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 import torch
 
 from ..cache import num_decoder_layers
-from ..draft_weights import draft_model, resolve_draft_weights
 from ..errors import ConfigError
 from .base import DecodeState, ModelDrafter
 
@@ -34,16 +33,16 @@ def early_exit(model, n_layers: int):
 
 class LayerSkipDrafter(ModelDrafter):
     name = "layerskip"
+    # draft_weights: as sparsespec's, so both draft on the same weights; bf16 is not offered, since
+    # early-exit drafts write their K/V into the target's (fp32) full cache
     OPTIONS = {
         "exit_layer": None,        # None: half the layers, the usual LayerSkip operating point
-        "draft_weights": "auto",   # as sparsespec's, so both draft on the same weights (bf16 cannot
-    }                              # write into the fp32 full cache, so it is not offered here)
+        "draft_weights": "auto",   # int8 draft copy on CPU, the target's own weights on GPU
+    }
 
     def __init__(self, model, *, prompt_len, max_new_tokens, max_k, exit_layer, draft_weights):
         super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        weights = resolve_draft_weights(model, draft_weights, allowed=("auto", "full", "int8"))
-        self.resolved_options = {"draft_weights": weights}
-        self.drafting_model = draft_model(model, weights)
+        self.use_draft_weights(draft_weights, allowed=("auto", "full", "int8"))
         n = num_decoder_layers(model)
         self.exit_layer = n // 2 if exit_layer is None else exit_layer
         if not isinstance(self.exit_layer, int) or not 1 <= self.exit_layer < n:

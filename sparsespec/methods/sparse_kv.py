@@ -16,7 +16,6 @@ import torch
 
 from ..attention import ObservationHook, RecordingHook, StaticDraftHook, attend_all
 from ..cache import PreallocatedCache, StaticDraftCache, num_decoder_layers
-from ..draft_weights import draft_model, resolve_draft_weights
 from ..errors import ConfigError
 from ..selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
 from .base import DecodeState, ModelDrafter
@@ -61,9 +60,7 @@ class SparseKVDrafter(ModelDrafter):
     def __init__(self, model, *, prompt_len, max_new_tokens, max_k, sink, recent, topk, budget,
                  obs_window, score_decay, draft_weights, static_draft, compile_draft):
         super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        weights = resolve_draft_weights(model, draft_weights)
-        self.resolved_options = {"draft_weights": weights}
-        self.drafting_model = draft_model(model, weights)
+        self.use_draft_weights(draft_weights)
         self.draft_dtype = next(self.drafting_model.parameters()).dtype
         if not self.use_topk:           # streaming: the whole budget beyond the sinks is recent
             total = resolve_budget(prompt_len, sink=sink, recent=0, topk=topk, budget=budget).total
