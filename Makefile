@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test qwen clean-venv
+.PHONY: setup run test test-fast qwen clean-venv
 
 setup: $(STAMP)
 
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(PY) run.py $(ARGS)
 
+# The full suite: what CI runs.
 test: setup
 	$(PY) -m pytest -q $(ARGS)
+
+# The edit-test loop: tiny models only, no subprocesses, no real model (under 3 minutes on 2 cores).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not real_model" $(ARGS)
 
 # Optional second embedded model (Qwen2.5-Coder-0.5B GGUF, 478 MB), for contexts up to 32K.
 qwen: setup

@@ -35,7 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec.cache import PreallocatedCache, num_decoder_layers  # noqa: E402
-from sparsespec.decode import RoundTimers, build_controller, decode_round, sparsespec_attention  # noqa: E402
+from sparsespec.controller import make_controller  # noqa: E402
+from sparsespec.decode import RoundTimers, decode_round, sparsespec_attention  # noqa: E402
+from sparsespec.method_options import resolve  # noqa: E402
 from sparsespec.methods import METHODS  # noqa: E402
 from sparsespec.methods.base import DecodeState  # noqa: E402
 from sparsespec.sampling import Sampler  # noqa: E402
@@ -104,19 +106,20 @@ def time_rounds(state: DecodeState, drafter, controller, reps: int, warmup: int 
 def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, device, dtype, seed: int) -> dict:
     state = filled_state(model, ctx, max(ks), device, dtype, seed)
     config = model.config
-    ar = METHODS["ar"](model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=1)
-    ar_rounds = time_rounds(state, ar, build_controller({"controller": "fixed"}), reps=2 * reps)
+    ar = METHODS["ar"](model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=1,
+                       options=resolve("ar", {}).drafter_options)
+    ar_rounds = time_rounds(state, ar, make_controller("fixed"), reps=2 * reps)
     c_ar = statistics.median(r.verify_s for r in ar_rounds)
     rows, draft_m = [], None
     drafter_cls = METHODS["sparsespec"]
     for k in ks:
         drafter = drafter_cls(model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=k,
-                              **drafter_cls.resolve_options({"budget": budget}))
+                              options=resolve("sparsespec", {"budget": budget}).drafter_options)
         # stand-in for the prefill observation window: random scores pick the first round's top-K;
         # from the first verification on, the recorded attention replaces them (the real path)
         drafter.scores = [torch.rand(config.num_key_value_heads, state.ids.shape[0], device=device)
                           for _ in range(num_decoder_layers(model))]
-        rounds = time_rounds(state, drafter, build_controller({"controller": "fixed", "k": k}), reps=reps)
+        rounds = time_rounds(state, drafter, make_controller("fixed", k=k), reps=reps)
         assert all(r.drafted == k and r.draft_steps == k for r in rounds), "a round drafted fewer than k tokens"
         c_d = statistics.median(r.draft_s / r.draft_steps for r in rounds)
         c_v = statistics.median(r.verify_s for r in rounds)

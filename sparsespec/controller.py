@@ -51,9 +51,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 from .errors import ConfigError
+from .options import OptionSet, above, at_least, in_range, non_empty, one_of, option
 
 
 def paper_acceptance(entropy: float, mu_acc: float, mu_rej: float, tau: float = 1.0) -> float:
@@ -97,15 +98,41 @@ def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
     return best_k
 
 
-class FixedK:
+CONTROLLERS: dict[str, type["Controller"]] = {}   # name -> class, filled as classes are defined
+
+
+class Controller:
+    """Base of every controller: declares `name`, its `Options` and whether it reads draft entropy.
+
+    A new controller is one subclass here (registered by its `name`); no drafter or loop changes."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[OptionSet]]
+    uses_entropy: ClassVar[bool] = False      # True: meaningless for drafters whose drafts have no entropy
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            CONTROLLERS[cls.name] = cls
+
+    def __init__(self, **options):
+        self.opts = self.Options.build(options, owner=f"controller {self.name!r}")
+
+
+class FixedK(Controller):
     """Always draft k tokens (fewer only when the output budget ends)."""
 
     name = "fixed"
 
-    def __init__(self, k: int = 4):
-        self.k = k
-        self.max_k = k
-        self._limit = k
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        k: int = option(4, "the best fixed k on this project's CPU benchmark at 4K-8K", check=at_least(1))
+
+    def __init__(self, k: int | None = None, **options):
+        super().__init__(**options, **({} if k is None else {"k": k}))
+        self.k = self.opts.k
+        self.max_k = self.k
+        self._limit = self.k
 
     def start_round(self, limit: int) -> None:
         self._limit = min(self.k, limit)
@@ -149,31 +176,48 @@ class LinearCostModel:
         return a + b * k
 
 
-class EntropyController:
+class EntropyController(Controller):
     name = "entropy"
+    uses_entropy = True
 
-    def __init__(self, candidates: Sequence[int] = tuple(range(1, 17)), prior_k: int = 4,
-                 warmup_k: Sequence[int] = (4, 8), warmup_rounds: int = 4, ema_entropy: float = 0.1,
-                 ema_cost: float = 0.2, tau: float = 1.0, min_separation: float = 0.05,
-                 acceptance_prior: bool = True, lookahead: str = "predict", acceptance_fn: Callable[..., float] = paper_acceptance):
-        self.candidates = sorted(set(int(k) for k in candidates))
-        self.prior_k = prior_k                     # k used while entropy cannot yet discriminate
-        self.warmup_k = list(warmup_k)             # warm-up cycles these, so C_v's slope is measured
-        self.warmup_rounds = warmup_rounds
-        self.ema_entropy = ema_entropy             # ~10-token memory for the entropy centres
-        self.ema_cost = ema_cost                   # ~5-round memory for the measured costs
-        self.tau = tau
-        self.min_separation = min_separation       # nats; below it the centres are "equal"
-        self.acceptance_prior = acceptance_prior   # weight p_i by the measured acceptance rate
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        candidates: tuple[int, ...] = option(tuple(range(1, 17)), "every k up to 16: the paper's fixed-k sweep stops there",
+                                             check=non_empty(at_least(1)))
+        prior_k: int = option(4, "drafted while entropy cannot yet discriminate: the best fixed k here", check=at_least(1))
+        warmup_k: tuple[int, ...] = option((4, 8), "cycled in warm-up so that C_v's slope in k is measured",
+                                           check=non_empty(at_least(1)))
+        warmup_rounds: int = option(4, "rounds of measurement before the online rule takes over", check=at_least(0))
+        ema_entropy: float = option(0.1, "~10-token memory for the accepted / rejected entropy centres",
+                                    check=in_range(0, 1, high_open=False))
+        ema_cost: float = option(0.2, "~5-round memory for the measured draft and verify costs",
+                                 check=in_range(0, 1, high_open=False))
+        tau: float = option(1.0, "the paper's softmax over plain L1 distances", check=above(0))
+        min_separation: float = option(0.05, "nats; closer centres say nothing, so the prior k stays", check=at_least(0))
+        acceptance_prior: bool = option(True, "weigh p_i by the measured acceptance rate (false: the paper's "
+                                              "equal-prior form, which under-drafts at high acceptance)")
+        lookahead: str = option("predict", "predict: stop before a draft step expected to lose; exact: the "
+                                           "closed form's k, paying for one discarded step", check=one_of("predict", "exact"))
+
+    def __init__(self, acceptance_fn: Callable[..., float] = paper_acceptance, **options):
+        super().__init__(**options)
+        o = self.opts
+        self.candidates = sorted(set(o.candidates))
+        self.prior_k = o.prior_k                   # k used while entropy cannot yet discriminate
+        self.warmup_k = list(o.warmup_k)           # warm-up cycles these, so C_v's slope is measured
+        self.warmup_rounds = o.warmup_rounds
+        self.ema_entropy = o.ema_entropy
+        self.ema_cost = o.ema_cost
+        self.tau = o.tau
+        self.min_separation = o.min_separation
+        self.acceptance_prior = o.acceptance_prior
         self.acceptance_fn = acceptance_fn
-        if lookahead not in ("predict", "exact"):
-            raise ConfigError(f"lookahead={lookahead!r} is unknown; accepted: ['predict', 'exact']")
-        self.lookahead = lookahead                 # predict: stop before a draft step expected to lose
-        self.max_k = max(self.candidates + [prior_k] + self.warmup_k)
+        self.lookahead = o.lookahead
+        self.max_k = max(self.candidates + [self.prior_k] + self.warmup_k)
         self.mu_acc: float | None = None
         self.mu_rej: float | None = None
         self.c_draft: float | None = None
-        self.c_verify = LinearCostModel(ema=ema_cost)
+        self.c_verify = LinearCostModel(ema=o.ema_cost)
         self.rounds_seen = 0
         self.n_accepted = self.n_rejected = 0
         self._reset_round(limit=self.max_k)
@@ -277,19 +321,21 @@ class HeuristicK(FixedK):
 
     name = "heuristic"
 
-    def __init__(self, k: int = 20, max_k: int = 64):
-        super().__init__(k)
-        self.max_k = max_k
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        k: int = option(20, "transformers' num_assistant_tokens default", check=at_least(1))
+        max_k: int = option(64, "a ceiling, so the preallocated cache has room for a round", check=at_least(1))
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.max_k = max(self.opts.max_k, self.k)
 
     def observe(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
         if submitted:
             self.k = min(self.k + 2, self.max_k) if accepted == submitted else max(self.k - 1, 1)
 
 
-CONTROLLERS = {"fixed": FixedK, "entropy": EntropyController, "heuristic": HeuristicK}
-
-
-def make_controller(name: str, **options):
+def make_controller(name: str, **options) -> Controller:
     if name not in CONTROLLERS:
-        raise ConfigError(f"unknown controller {name!r}; choose one of {sorted(CONTROLLERS)}")
+        raise ConfigError(f"unknown controller {name!r}; accepted: {sorted(CONTROLLERS)}")
     return CONTROLLERS[name](**options)

@@ -12,22 +12,20 @@ Autoregressive decoding is this loop with k = 0: every round is one forward of o
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import torch
 
 from . import attention
 from .cache import PreallocatedCache, num_decoder_layers
-from .controller import CONTROLLERS, make_controller
 from .errors import ConfigError
 from .generation import Generation, Round
+from .method_options import resolve
 from .methods import METHODS
 from .methods.base import DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
 from .timing import Stopwatch
-
-CONTROLLER_OPTIONS = {"controller", "k", "candidates", "prior_k", "warmup_k", "warmup_rounds",
-                      "ema_entropy", "ema_cost", "tau", "min_separation", "acceptance_prior", "lookahead", "max_k"}
 
 
 class RoundTimers:
@@ -67,77 +65,24 @@ def eos_ids(model, eos_token_id) -> set[int]:
     return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
 
 
-def split_options(method: str, options: dict) -> tuple[dict, dict]:
-    """Method options -> (controller options, drafter options)."""
-    drafter_cls = METHODS[method]
-    controller_opts = {k: v for k, v in options.items() if k in CONTROLLER_OPTIONS}
-    if not drafter_cls.drafts and controller_opts:
-        raise ConfigError(f"method {method!r} drafts nothing, so it takes no controller option(s) "
-                          f"{sorted(controller_opts)}; drop them or pick a speculative method")
-    drafter_opts = drafter_cls.resolve_options({k: v for k, v in options.items() if k not in CONTROLLER_OPTIONS})
-    controller_opts.setdefault("controller", drafter_cls.default_controller)
-    if controller_opts["controller"] not in drafter_cls.controllers:
-        raise ConfigError(f"controller {controller_opts['controller']!r} does not fit method {method!r}; "
-                          f"accepted: {list(drafter_cls.controllers)}")
-    return controller_opts, drafter_opts
-
-
-def validate_options(method: str, options: dict) -> dict:
-    """The options `generate(method=..., **options)` will run with, defaults filled in; raises
-    ConfigError (one line) on an unknown method, an unknown option or a bad value."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; accepted: {sorted(METHODS)}")
-    controller_opts, drafter_opts = split_options(method, options)
-    build_controller(controller_opts)
-    return {**controller_opts, **drafter_opts}
-
-
-def build_controller(options: dict):
-    options = dict(options)
-    name = options.pop("controller")
-    options.pop("max_k", None) if name != "heuristic" else None
-    if name == "fixed":
-        unexpected = sorted(set(options) - {"k"})
-    elif name == "heuristic":
-        unexpected = sorted(set(options) - {"k", "max_k"})
-    else:
-        unexpected = sorted(set(options) - (CONTROLLER_OPTIONS - {"controller", "k", "max_k"}))
-    if name not in CONTROLLERS:
-        raise ConfigError(f"unknown controller {name!r}; accepted: {sorted(CONTROLLERS)}")
-    if unexpected:
-        raise ConfigError(f"option(s) {unexpected} do not apply to controller {name!r}")
-    if "k" in options and (not isinstance(options["k"], int) or options["k"] < 1):
-        raise ConfigError(f"k={options['k']!r} must be an integer >= 1")
-    if "candidates" in options:
-        cands = options["candidates"]
-        if isinstance(cands, int):
-            cands = [cands]
-        cands = list(cands)
-        if not cands or any(not isinstance(c, int) or c < 1 for c in cands):
-            raise ConfigError(f"candidates={options['candidates']!r} must be a non-empty list of integers >= 1")
-        options["candidates"] = cands
-    return make_controller(name, **options)
-
-
 @torch.inference_mode()
 def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, **method_options) -> Generation:
     """Decode one prompt with `method`; see the module docstring. Greedy when temperature == 0."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; accepted: {sorted(METHODS)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    if temperature < 0:
-        raise ConfigError(f"temperature={temperature!r} must be >= 0 (0 means greedy)")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"temperature={temperature!r} must be a finite number >= 0 (0 means greedy)")
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be in (0, 1]")
     device = next(model.parameters()).device
     prompt = as_prompt_tensor(input_ids, device)
-    controller_opts, drafter_opts = split_options(method, method_options)
-    controller = build_controller(controller_opts)
+    options = resolve(method, method_options)           # every option checked before any work
+    controller = options.make_controller()
     drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=max_new_tokens,
-                              max_k=controller.max_k, **drafter_opts)
+                              max_k=controller.max_k, options=options.drafter_options)
 
     generator = None
     if seed is not None:
@@ -148,7 +93,7 @@ def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: in
     with sparsespec_attention(model):
         gen = decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids)
     gen.method = method
-    gen.options = {**controller_opts, **drafter_opts, **drafter.resolved_options}
+    gen.options = {**options.as_dict(), **drafter.resolved_options}
     return gen
 
 

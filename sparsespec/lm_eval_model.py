@@ -26,9 +26,8 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import lm_eval_stats
-from sparsespec.decode import CONTROLLER_OPTIONS, build_controller, split_options
 from sparsespec.errors import ConfigError, UnavailableError
-from sparsespec.methods import METHODS, method_names
+from sparsespec.method_options import coerce_options, option_names, resolve
 from sparsespec.methods.sparse_kv import resolve_budget
 from sparsespec.models import load_model
 
@@ -42,7 +41,6 @@ HFLM_ARGS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "k
 # that change nothing (greedy or plain sampling), so they can be ignored safely.
 NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty": (1.0,),
                       "typical_p": (1.0,), "min_p": (None, 0.0), "num_return_sequences": (1,)}
-TUPLE_SEPARATORS = (":", "|", " ")
 NOMINAL_CONTEXT = 32768  # context at which a budget is checked before the real prompts are known
 
 
@@ -109,15 +107,15 @@ class SparseSpecLM(HFLM):
 
 # --- model_args ---------------------------------------------------------------------------------
 def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
-    """Split lm-eval's model_args into HFLM's and the method's options, coerced and validated."""
-    method = check_method(method)
-    known_options = method_option_names(method)
+    """Split lm-eval's model_args into HFLM's and the method's options, coerced to their declared
+    types and checked (sparsespec/method_options.py), all before the model loads."""
+    known_options = option_names(method)     # also rejects an unknown method, in one line
     hf_args, options = {}, {}
     for key, value in model_args.items():
         if key in HFLM_ARGS or key in FROM_PRETRAINED_ARGS:
             hf_args[key] = value
         elif key in known_options:
-            options[key] = coerce_option(value, sequence=key in sequence_option_names(method))
+            options[key] = value
         else:
             raise ConfigError(
                 f"unknown model_arg {key!r} for method {method!r}; method options: "
@@ -126,64 +124,13 @@ def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
     if str(hf_args.get("batch_size", 1)).startswith("auto"):
         raise ConfigError("batch_size=auto is not supported by the sparsespec model; "
                           "give an integer (it batches log-likelihood requests only)")
-    validate_options(method, options, context=hf_args.get("max_length") or NOMINAL_CONTEXT)
+    options = coerce_options(method, options)
+    resolved = resolve(method, options).as_dict()
+    if "budget" in resolved:   # a budget too small for the real prompts is still reported by generate
+        context = hf_args.get("max_length") or NOMINAL_CONTEXT
+        resolve_budget(context, sink=resolved.get("sink", 0), recent=resolved.get("recent", 0),
+                       topk=resolved.get("topk"), budget=resolved["budget"])
     return method, hf_args, options
-
-
-def check_method(method) -> str:
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
-    return method
-
-
-def method_option_names(method: str) -> frozenset[str]:
-    """The controller's options (shared by all methods) and the drafter's own."""
-    return frozenset(CONTROLLER_OPTIONS) | frozenset(METHODS[method].OPTIONS)
-
-
-def sequence_option_names(method: str) -> frozenset[str]:
-    """Options that take several values: the controller's `candidates`, and any with a list default."""
-    defaults = METHODS[method].OPTIONS
-    return frozenset({"candidates"} | {k for k, v in defaults.items() if isinstance(v, (list, tuple))})
-
-
-def validate_options(method: str, options: dict, context: int = NOMINAL_CONTEXT) -> None:
-    """Raise ConfigError for a bad option value now, before the model loads.
-
-    Checks what needs no model: the controller and its values, and the drafter's budget at a nominal
-    context (a budget too small for the real context is still reported, by `sparsespec.generate`)."""
-    controller_options, drafter_options = split_options(method, options)
-    build_controller(controller_options)
-    if "budget" in drafter_options:
-        resolve_budget(context, sink=drafter_options.get("sink", 0), recent=drafter_options.get("recent", 0),
-                       topk=drafter_options.get("topk"), budget=drafter_options["budget"])
-
-
-def coerce_option(value, sequence: bool = False):
-    """lm-eval has parsed numbers and booleans already (not always: the Python API keeps "-3" a str).
-
-    A list becomes a tuple. A sequence option (`candidates`) may also be written "2:4:8", since
-    lm-eval's `key=value,...` strings cannot hold commas; other strings (a draft model's hub id,
-    `truncated:8`) stay strings."""
-    if isinstance(value, (list, tuple)):
-        return tuple(coerce_scalar(v) if isinstance(v, str) else v for v in value)
-    if not isinstance(value, str):
-        return value
-    if sequence:
-        for sep in TUPLE_SEPARATORS:
-            if sep in value.strip():
-                return tuple(coerce_scalar(part) for part in value.split(sep) if part.strip())
-    return coerce_scalar(value)
-
-
-def coerce_scalar(text: str):
-    text = text.strip()
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -70,3 +70,11 @@ def real_prose_prompt(real_model):
     text = stdlib_text("pydoc_data/topics.py")[20_000:26_000]
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :1200]
     return ids
+
+
+def pytest_collection_modifyitems(items):
+    """A test that loads the embedded real model is a `real_model` test whether or not it says so,
+    so `make test-fast` (-m "not slow and not real_model") never loads it by accident."""
+    for item in items:
+        if "real_model" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)

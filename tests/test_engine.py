@@ -27,7 +27,12 @@ def model():
     (dict(method="sparsespec", controller="fixed", tau=2.0), ["do not apply", "fixed"]),
     (dict(method="ar", max_new_tokens=0), ["max_new_tokens=0"]),
     (dict(method="layerskip", exit_layer=9), ["exit_layer=9"]),
-    (dict(method="assisted"), ["needs draft_model"]),
+    (dict(method="assisted"), ["draft_model is required"]),
+    (dict(method="ar", temperature=float("inf")), ["temperature=inf"]),
+    (dict(method="sparsespec", budget=-0.1), ["budget=-0.1", "> 0"]),
+    (dict(method="pld", max_ngram=0), ["max_ngram=0", ">= 1"]),
+    (dict(method="layerskip", exit_layer=0), ["exit_layer=0", ">= 1"]),
+    (dict(method="sparsespec", lookahead="maybe"), ["lookahead='maybe'", "predict"]),
     (dict(method="ar", temperature=-1.0), ["temperature=-1.0"]),
 ])
 def test_bad_input_raises_one_line_config_error(model, kwargs, words):

@@ -117,7 +117,7 @@ def assert_one_line_error(returncode: int, stderr: str, message: str) -> None:
 def test_cli_unknown_method_exits_2_with_one_line():
     done = run_cli("--model", "sparsespec", "--model_args", f"pretrained={EMBEDDED},method=nope",
                    "--include_path", str(TASKS_DIR), "--tasks", GEN_TASK, "--limit", "1")
-    assert_one_line_error(done.returncode, done.stderr, "unknown method 'nope'; choose one of: ar,")
+    assert_one_line_error(done.returncode, done.stderr, "unknown method 'nope'; accepted: ['ar',")
 
 
 @pytest.mark.parametrize("model_args, message", [

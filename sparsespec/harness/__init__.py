@@ -1,0 +1,4 @@
+"""The Hydra harness: run.py's runner, checks, results, tracking and the sweep report."""
+from .schema import register_method_options
+
+register_method_options()   # before any config is composed (run.py, tests, the benchmark)

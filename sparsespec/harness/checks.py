@@ -88,28 +88,15 @@ def context_warnings(cfg: DictConfig) -> list[str]:
 
 
 def resolved_options(method: str, options: dict) -> dict:
-    """The options the engine will run with (`sparsespec.decode.validate_options`), plus the
-    controller's own defaults (k for `fixed`, candidates etc. for `entropy`), so results name
-    every setting, e.g. the k of a fixed-k run that left k at its default."""
-    import inspect
+    """Every setting the method will run with, declared defaults included (the controller's k of a
+    fixed-k run that left k at its default, for one), so results name them all."""
+    from sparsespec.method_options import resolve
 
-    from sparsespec.controller import CONTROLLERS
-    from sparsespec.decode import CONTROLLER_OPTIONS, validate_options
-    from sparsespec.methods import METHODS
-
-    resolved = validate_options(method, options)   # one-line ConfigError on anything it rejects
-    controller = CONTROLLERS.get(resolved.get("controller"))
-    if controller is not None and METHODS[method].drafts:   # AR drafts nothing: no controller runs
-        for name, param in inspect.signature(controller.__init__).parameters.items():
-            if name in CONTROLLER_OPTIONS and name not in resolved and param.default is not param.empty:
-                default = param.default
-                resolved[name] = list(default) if isinstance(default, (tuple, range)) else default
-    return resolved
+    return resolve(method, options).as_dict()   # one-line ConfigError on anything it rejects
 
 
-def check_method(method: str, options: dict, ctx: int) -> None:
-    """Known method, known options with valid values (`validate_options`), and a draft budget that
-    fits the context."""
+def check_method_options(method: str, options: dict, ctx: int) -> None:
+    """Known method, known options with valid values, and a draft budget that fits the context."""
     budget = resolved_options(method, options).get("budget")
     if isinstance(budget, (int, float)) and budget >= 1 and budget > ctx:
         raise ConfigError(f"method.options.budget={budget!r} tokens does not fit ctx={ctx}; "
@@ -131,4 +118,4 @@ def check_config(cfg: DictConfig) -> None:
     check_task(cfg.task.name, cfg.task.source)
     device_name(cfg.device)
     check_context_fits(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.max_context)
-    check_method(cfg.method.name, method_options(cfg), cfg.ctx)
+    check_method_options(cfg.method.name, method_options(cfg), cfg.ctx)

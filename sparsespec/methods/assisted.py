@@ -12,12 +12,15 @@ no smaller model of the family is available (it differs from `layerskip` by its 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 from ..cache import PreallocatedCache, num_decoder_layers
 from ..errors import ConfigError
+from ..options import OptionSet, option
 from .base import DecodeState, ModelDrafter
 
 
@@ -69,12 +72,19 @@ def resolve_draft_model(spec, target):
 
 class AssistedDrafter(ModelDrafter):
     name = "assisted"
-    OPTIONS = {"draft_model": None}
-    controllers = ("fixed", "heuristic", "entropy")
 
-    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, draft_model):
-        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        self.draft_model = resolve_draft_model(draft_model, model)
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        draft_model: Any = option(None, "required: a loaded model, a hub id or local path, or 'truncated:N'")
+
+        def check_together(self) -> str | None:
+            if self.draft_model is None:
+                return "draft_model is required: a model, a hub id or local path, or 'truncated:N'"
+            return None
+
+    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, options):
+        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k, options=options)
+        self.draft_model = resolve_draft_model(self.opts.draft_model, model)
         self.vocab = model.config.get_text_config().vocab_size
         capacity = prompt_len + max_new_tokens + max_k + 2
         self.cache = PreallocatedCache(num_decoder_layers(self.draft_model), capacity)

@@ -3,8 +3,9 @@
 A method is a *drafter*: it proposes tokens, and the shared loop in `sparsespec/decode.py`
 verifies them with one full forward pass, accepts, rolls the cache back and times everything.
 Autoregressive decoding is the drafter that proposes nothing. To add a method, subclass
-`Drafter` (or `ModelDrafter` when drafting runs a model step by step), declare its options with
-their defaults in `OPTIONS`, and register it in `sparsespec/methods/__init__.py`.
+`Drafter` (or `ModelDrafter` when drafting runs a model step by step), declare its options once
+as an `Options` dataclass (sparsespec/options.py: type, default, reason, check), and register it in
+`sparsespec/methods/__init__.py`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from ..attention import ExplicitAttentionHook
 from ..cache import PreallocatedCache
 from ..draft_weights import DRAFT_WEIGHTS, draft_model, resolve_draft_weights
-from ..errors import ConfigError
+from ..options import NoOptions, OptionSet
 from ..sampling import Sampler, entropy
 
 
@@ -55,25 +56,19 @@ class Draft:
 
 class Drafter:
     name: ClassVar[str] = ""
-    OPTIONS: ClassVar[dict] = {}               # option -> default; validated by `resolve_options`
+    Options: ClassVar[type[OptionSet]] = NoOptions   # declared once; checked by sparsespec/method_options.py
     records_attention: bool = False            # verification should record attention probabilities
     drafts: ClassVar[bool] = True              # False only for AR: it proposes nothing, takes no controller options
+    drafts_have_entropy: ClassVar[bool] = True # False: entropy-reading controllers do not apply (prompt lookup)
     default_controller: ClassVar[str] = "fixed"
-    controllers: ClassVar[tuple[str, ...]] = ("fixed", "entropy", "heuristic")
+    controller_defaults: ClassVar[dict] = {}   # this method's own defaults for controller options (pld: k=10)
 
-    def __init__(self, model, *, prompt_len: int, max_new_tokens: int, max_k: int, **options):
+    def __init__(self, model, *, prompt_len: int, max_new_tokens: int, max_k: int, options: OptionSet):
         self.model = model
         self.prompt_len = prompt_len
         self.max_k = max_k
-        self.options = options
+        self.opts = options
         self.resolved_options: dict = {}       # options whose value depends on the model (e.g. "auto")
-
-    @classmethod
-    def resolve_options(cls, options: dict) -> dict:
-        unknown = sorted(set(options) - set(cls.OPTIONS))
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown} for method {cls.name!r}; accepted: {sorted(cls.OPTIONS)}")
-        return {**cls.OPTIONS, **options}
 
     # --- hooks the loop calls; defaults do nothing ------------------------------------------
     def prefill_hook(self):

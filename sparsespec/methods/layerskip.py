@@ -12,11 +12,13 @@ Early exit uses the mechanism of transformers' own `assistant_early_exit`: the d
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from ..cache import num_decoder_layers
 from ..errors import ConfigError
+from ..options import OptionSet, at_least, one_of, option
 from .base import DecodeState, ModelDrafter
 
 
@@ -33,20 +35,22 @@ def early_exit(model, n_layers: int):
 
 class LayerSkipDrafter(ModelDrafter):
     name = "layerskip"
-    # draft_weights: as sparsespec's, so both draft on the same weights; bf16 is not offered, since
-    # early-exit drafts write their K/V into the target's (fp32) full cache
-    OPTIONS = {
-        "exit_layer": None,        # None: half the layers, the usual LayerSkip operating point
-        "draft_weights": "auto",   # int8 draft copy on CPU, the target's own weights on GPU
-    }
 
-    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, exit_layer, draft_weights):
-        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        self.use_draft_weights(draft_weights, allowed=("auto", "full", "int8"))
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        exit_layer: int | None = option(None, "null: half the layers, the usual LayerSkip operating point",
+                                        check=at_least(1))
+        # bf16 is not offered: early-exit drafts write their K/V into the target's (fp32) full cache
+        draft_weights: str = option("auto", "as sparsespec's, so both draft on the same weights (int8 on CPU)",
+                                    check=one_of("auto", "full", "int8"))
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        self.use_draft_weights(self.opts.draft_weights, allowed=("auto", "full", "int8"))
         n = num_decoder_layers(model)
-        self.exit_layer = n // 2 if exit_layer is None else exit_layer
-        if not isinstance(self.exit_layer, int) or not 1 <= self.exit_layer < n:
-            raise ConfigError(f"exit_layer={exit_layer!r} must be an integer in [1, {n - 1}] for this {n}-layer model")
+        self.exit_layer = n // 2 if self.opts.exit_layer is None else self.opts.exit_layer
+        if not 1 <= self.exit_layer < n:
+            raise ConfigError(f"exit_layer={self.exit_layer!r} must be an integer in [1, {n - 1}] for this {n}-layer model")
 
     def step(self, state: DecodeState, token, position) -> torch.Tensor:
         with early_exit(self.drafting_model, self.exit_layer):

@@ -14,11 +14,12 @@ from .sparse_kv import SparseKVDrafter, resolve_budget
 
 class OracleDrafter(ModelDrafter):
     name = "oracle"
-    OPTIONS = {k: SparseKVDrafter.OPTIONS[k] for k in ("sink", "recent", "topk", "budget")}
+    Options = SparseKVDrafter.Options.subset("OracleOptions", "sink", "recent", "topk", "budget")
 
-    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, sink, recent, topk, budget):
-        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        self.budget = resolve_budget(prompt_len, sink=sink, recent=recent, topk=topk, budget=budget)
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        o = self.opts
+        self.budget = resolve_budget(self.prompt_len, sink=o.sink, recent=o.recent, topk=o.topk, budget=o.budget)
         self.hook = OracleHook(self.budget.sink, self.budget.recent, self.budget.topk)
 
     def step(self, state: DecodeState, token, position) -> torch.Tensor:

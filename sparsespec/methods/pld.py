@@ -5,9 +5,11 @@ Drafts are deterministic, so under sampling the draft distribution is one-hot (q
 rejection rule accepts d with probability p(d)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..errors import ConfigError
+from ..options import OptionSet, at_least, option
 from .base import DecodeState, Draft, Drafter
 
 
@@ -27,14 +29,16 @@ def lookup_continuation(history: torch.Tensor, max_ngram: int, limit: int) -> to
 
 class PromptLookupDrafter(Drafter):
     name = "pld"
-    OPTIONS = {"max_ngram": 2}          # transformers' `max_matching_ngram_size` default
-    controllers = ("fixed", "heuristic")
+    drafts_have_entropy = False         # drafts are looked up, not sampled: no entropy to read
+    controller_defaults = {"k": 10}     # transformers' prompt_lookup_num_tokens default
 
-    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, max_ngram):
-        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        if not isinstance(max_ngram, int) or max_ngram < 1:
-            raise ConfigError(f"max_ngram={max_ngram!r} must be an integer >= 1")
-        self.max_ngram = max_ngram
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        max_ngram: int = option(2, "transformers' max_matching_ngram_size default", check=at_least(1))
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        self.max_ngram = self.opts.max_ngram
 
     def draft(self, state: DecodeState, controller, timers) -> Draft:
         out = Draft(probs=None)             # one-hot drafts: accept_sampling builds q itself

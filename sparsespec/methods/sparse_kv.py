@@ -12,11 +12,15 @@ Three policies differ only in where the top-K scores come from:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..attention import ObservationHook, RecordingHook, StaticDraftHook, attend_all
 from ..cache import PreallocatedCache, StaticDraftCache, num_decoder_layers
+from ..draft_weights import DRAFT_WEIGHTS
 from ..errors import ConfigError
+from ..options import OptionSet, above, at_least, in_range, one_of, option
 from ..selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
 from .base import DecodeState, ModelDrafter
 
@@ -43,44 +47,47 @@ def resolve_budget(prompt_len: int, *, sink: int, recent: int, topk: int | None,
 class SparseKVDrafter(ModelDrafter):
     name = "sparsespec"
     default_controller = "entropy"
-    OPTIONS = {
-        "sink": 4,            # StreamingLLM's attention sinks: the first few tokens soak up attention
-        "recent": 64,         # the next token leans hardest on the last few dozen
-        "topk": None,         # derived from `budget` unless given
-        "budget": 0.1,        # ~10% of the context was the paper's best drafting budget
-        "obs_window": 16,     # prefill queries that seed round one (the paper recycles 16 queries)
-        "score_decay": 0.0,   # 0: scores of the last verification only; >0: EMA over rounds
-        "draft_weights": "auto",  # int8 draft copy on CPU (a step is weight-read bound), full on GPU
-        "static_draft": False,    # fixed-shape draft cache + masked attention (what compile needs)
-        "compile_draft": False,   # torch.compile the draft step (true: inductor, CUDA graphs on GPU; or a backend name)
-    }
+
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        sink: int = option(4, "StreamingLLM's attention sinks: the first few tokens soak up attention", check=at_least(0))
+        recent: int = option(64, "the next token leans hardest on the last few dozen", check=at_least(0))
+        topk: int | None = option(None, "null: what `budget` leaves after sinks and recent", check=at_least(0))
+        budget: float = option(0.1, "~10% of the context was the paper's best drafting budget; a fraction < 1 "
+                                    "of the context, or a token count >= 1",
+                                check=above(0, " (a fraction < 1 of the context, or a token count >= 1)"))
+        obs_window: int = option(16, "prefill queries that seed round one (the paper recycles 16 queries)",
+                                 check=at_least(1))
+        score_decay: float = option(0.0, "0: scores of the last verification only; > 0: EMA over rounds",
+                                    check=in_range(0, 1))
+        draft_weights: str = option("auto", "int8 draft copy on CPU (a step is weight-read bound), full on GPU",
+                                    check=one_of(*DRAFT_WEIGHTS))
+        static_draft: bool = option(False, "fixed-shape draft cache + masked attention (what compile needs)")
+        compile_draft: bool | str = option(False, "torch.compile the draft step (true: inductor, CUDA graphs on "
+                                                  "GPU; or a backend name)")
+
     refresh_scores = True     # False: keep the prefill scores (snapkv_static)
     use_topk = True           # False: streaming (sinks + recent only)
 
-    def __init__(self, model, *, prompt_len, max_new_tokens, max_k, sink, recent, topk, budget,
-                 obs_window, score_decay, draft_weights, static_draft, compile_draft):
-        super().__init__(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=max_k)
-        self.use_draft_weights(draft_weights)
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        o, max_k, prompt_len = self.opts, self.max_k, self.prompt_len
+        sink, recent, topk = o.sink, getattr(o, "recent", 0), getattr(o, "topk", None)
+        self.use_draft_weights(o.draft_weights)
         self.draft_dtype = next(self.drafting_model.parameters()).dtype
         if not self.use_topk:           # streaming: the whole budget beyond the sinks is recent
-            total = resolve_budget(prompt_len, sink=sink, recent=0, topk=topk, budget=budget).total
+            total = resolve_budget(prompt_len, sink=sink, recent=0, topk=topk, budget=o.budget).total
             self.budget = Budget(sink, max(total - sink, 0), 0)
         else:
-            self.budget = resolve_budget(prompt_len, sink=sink, recent=recent, topk=topk, budget=budget)
-        if not isinstance(obs_window, int) or obs_window < 1:
-            raise ConfigError(f"obs_window={obs_window!r} must be an integer >= 1")
-        if not 0.0 <= score_decay < 1.0:
-            raise ConfigError(f"score_decay={score_decay!r} must be in [0, 1)")
-        self.obs_window, self.score_decay = obs_window, score_decay
+            self.budget = resolve_budget(prompt_len, sink=sink, recent=recent, topk=topk, budget=o.budget)
+        self.obs_window = getattr(o, "obs_window", 1)
+        self.score_decay = getattr(o, "score_decay", 0.0)
         self.records_attention = self.use_topk and self.refresh_scores and self.budget.topk > 0
         n_layers = num_decoder_layers(model)
         self.windows = [sliding_window_of(model, i) for i in range(n_layers)]
         # the draft cache holds M gathered positions + the round's draft tokens (+1 discarded step)
-        if not isinstance(static_draft, bool):
-            raise ConfigError(f"static_draft={static_draft!r} must be true or false")
-        if not (isinstance(compile_draft, (bool, str)) or callable(compile_draft)):
-            raise ConfigError(f"compile_draft={compile_draft!r} must be true, false or a torch.compile backend")
-        self.static = static_draft or bool(compile_draft)
+        compile_draft = o.compile_draft
+        self.static = o.static_draft or bool(compile_draft)
         if self.static:
             self.draft_cache = StaticDraftCache(n_layers, self.budget.total + max_k + 2, device=model.device)
             self.draft_hook = StaticDraftHook(self.draft_cache)
@@ -155,9 +162,5 @@ class StreamingDrafter(SparseKVDrafter):
     name = "streaming"
     default_controller = "fixed"
     use_topk = False
-    OPTIONS = {k: SparseKVDrafter.OPTIONS[k]
-               for k in ("sink", "budget", "draft_weights", "static_draft", "compile_draft")}
-
-    def __init__(self, model, *, sink, budget, **kw):
-        super().__init__(model, sink=sink, recent=0, topk=None, budget=budget, obs_window=1,
-                         score_decay=0.0, **kw)
+    Options = SparseKVDrafter.Options.subset("StreamingOptions", "sink", "budget", "draft_weights",
+                                             "static_draft", "compile_draft")
