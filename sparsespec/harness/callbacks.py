@@ -9,7 +9,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-ERROR_FILE = "error.txt"      # written into a job's folder by run.py when the job stops on a bad input
+ERROR_FILE = "error.txt"      # written into a job's folder by run.py when the job stops: one line, then any traceback
 SUMMARY_FILE = "summary.json"
 
 
@@ -24,12 +24,18 @@ def _fmt(value, spec: str) -> str:
     return "-".rjust(width) if value is None else format(value, spec)
 
 
+def first_line(path: Path) -> str:
+    """The summary line of an error file (a traceback may follow it)."""
+    lines = path.read_text().strip().splitlines()
+    return lines[0] if lines else "(empty error file)"
+
+
 def sweep_lines(sweep_dir: Path) -> tuple[list[str], list[str]]:
     """(one line per finished job, one line per failed job), in job order."""
     rows, errors = [], []
     for folder in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=_job_number):
         if (folder / ERROR_FILE).exists():
-            errors.append(f"  {folder.name}: {(folder / ERROR_FILE).read_text().strip()}")
+            errors.append(f"  {folder.name}: {first_line(folder / ERROR_FILE)}")
         elif (folder / SUMMARY_FILE).exists():
             summary = json.loads((folder / SUMMARY_FILE).read_text())
             run, m = summary["run"], summary["metrics"]
@@ -45,7 +51,8 @@ class SweepReport(Callback):
     and then exit 2.
 
     Jobs of a sweep do not stop each other (a context too long for one model must not cancel the
-    other models' runs): a failed job leaves `error.txt` (one line) in its folder instead.
+    other models' runs, nor must a crash): a failed job leaves `error.txt` in its folder instead,
+    whose first line is listed here.
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
