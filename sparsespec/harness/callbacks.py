@@ -1,4 +1,5 @@
-"""Hydra callbacks: at the end of a sweep, one table of every job's result and its errors."""
+"""Hydra callbacks: the output folder checked before anything runs; at the end of a sweep, one table
+of every job's result and its errors."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from sparsespec.errors import ConfigError, exit_with_error
+from sparsespec.harness.checks import make_output_folder
 
 ERROR_FILE = "error.txt"      # written into a job's folder by run.py when the job stops: one line, then any traceback
 SUMMARY_FILE = "summary.json"
@@ -44,6 +48,24 @@ def sweep_lines(sweep_dir: Path) -> tuple[list[str], list[str]]:
                         f"{_fmt(m['ar_tokens_per_s'], '8.2f')} {_fmt(m['speedup_vs_ar'], '7.2f')} "
                         f"{_fmt(m['mean_accepted'], '6.2f')} {_fmt(match, '6.0%')}")
     return rows, errors
+
+
+class OutputFolderCheck(Callback):
+    """Before Hydra makes the output folder: one that cannot be made (`hydra.run.dir=/proc/x`, an
+    existing file) is the one-line error and exit 2 of run.py, not a traceback from inside Hydra."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._make("hydra.run.dir", config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._make("hydra.sweep.dir", config.hydra.sweep.dir)
+
+    @staticmethod
+    def _make(key: str, path: str) -> None:
+        try:
+            make_output_folder(key, path)
+        except ConfigError as err:
+            exit_with_error(err)
 
 
 class SweepReport(Callback):
