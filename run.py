@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -14,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sparsespec.errors import ConfigError, UnavailableError
+from sparsespec.errors import ConfigError, UnavailableError, exit_with_error, one_line
 from sparsespec.harness.callbacks import ERROR_FILE
 from sparsespec.harness.contexts import exact_context_overrides
 
@@ -33,15 +34,23 @@ def main(cfg: DictConfig) -> dict | None:
     try:
         return run(cfg, folder, group=f"{sweep.parent.name}_{sweep.name}" if multirun else None)
     except (ConfigError, UnavailableError) as err:
-        message = " ".join(str(err).split())   # one line, whatever the message held
         if not multirun:
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
+            exit_with_error(err)
         # In a sweep one bad job must not stop the others: leave the error in its folder; the
         # SweepReport callback lists them all at the end and exits 2.
-        (folder / ERROR_FILE).write_text(message + "\n")
-        log.error("error: %s", message)
+        record_job_error(folder, one_line(err))
         return None
+    except Exception as err:
+        if not multirun:
+            raise   # a bug: the full traceback; every finished sample is already on disk
+        record_job_error(folder, f"unexpected {type(err).__name__}: {one_line(err)}", traceback.format_exc())
+        return None
+
+
+def record_job_error(folder: Path, summary: str, details: str = "") -> None:
+    """error.txt of a sweep job: the one-line summary the sweep report lists, then any traceback."""
+    (folder / ERROR_FILE).write_text(summary + "\n" + details)
+    log.error("error: %s%s", summary, f" (traceback in {folder / ERROR_FILE})" if details else "")
 
 
 if __name__ == "__main__":

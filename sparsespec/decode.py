@@ -46,14 +46,23 @@ def sparsespec_attention(model):
             model.set_attn_implementation(original)
 
 
-def as_prompt_tensor(input_ids, device) -> torch.Tensor:
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
+def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
+    """One prompt of integer token ids in [0, vocab_size), as a (L,) long tensor on `device`."""
+    ids = torch.as_tensor(input_ids)
+    if ids.numel() and (ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex()):
+        raise ConfigError(f"input_ids must hold integer token ids, got dtype {ids.dtype}; pass the tokenizer's "
+                          f"ids (torch.long), not scores or a mask")
+    ids = ids.long()
     if ids.dim() == 2:
         if ids.shape[0] != 1:
             raise ConfigError(f"input_ids holds a batch of {ids.shape[0]} prompts; generate takes exactly one")
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
         raise ConfigError(f"input_ids must be one non-empty prompt, shape (L,) or (1, L); got {tuple(ids.shape)}")
+    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    if outside.numel():
+        raise ConfigError(f"input_ids holds token id {int(outside[0])}, outside the model's vocabulary of "
+                          f"{vocab_size} (accepted: 0 to {vocab_size - 1})")
     return ids.to(device)
 
 
@@ -78,7 +87,7 @@ def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: in
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be in (0, 1]")
     device = next(model.parameters()).device
-    prompt = as_prompt_tensor(input_ids, device)
+    prompt = as_prompt_tensor(input_ids, device, model.get_input_embeddings().num_embeddings)
     options = resolve(method, method_options)           # every option checked before any work
     controller = options.make_controller()
     drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=max_new_tokens,

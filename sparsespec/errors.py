@@ -1,4 +1,8 @@
 """Errors meant for the user: one line that names the bad value and what would be accepted."""
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
 
 
 class ConfigError(ValueError):
@@ -7,3 +11,14 @@ class ConfigError(ValueError):
 
 class UnavailableError(RuntimeError):
     """A model or dataset that cannot be had here (offline, not installed). The message says how to get it."""
+
+
+def one_line(message: object) -> str:
+    """`message` on one line, whatever line breaks it held."""
+    return " ".join(str(message).split())
+
+
+def exit_with_error(err: Exception) -> NoReturn:
+    """The command-line convention for a user error: `error: <one line>` on stderr, exit status 2."""
+    print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
+    sys.exit(2)

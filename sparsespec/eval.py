@@ -22,6 +22,7 @@ from pathlib import Path
 from sparsespec.errors import ConfigError, UnavailableError
 
 PROG = "python -m sparsespec.eval"
+TASKS_NOT_FOUND = "Tasks not found: "   # how lm-eval 0.4.13 starts the ValueError for an unknown --tasks name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         check_model_args(args, lm_eval_model)
-        cli.execute(args)
+        execute(cli, args)
     except (ConfigError, UnavailableError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
@@ -57,12 +58,24 @@ def parse_cli_args(cli, argv: list[str]):
 
 
 def check_model_args(args, lm_eval_model) -> None:
-    """Validate the sparsespec model's method and options before lm-eval loads anything."""
+    """Validate the sparsespec model's pretrained, method and options before lm-eval loads anything."""
     if getattr(args, "model", None) != "sparsespec":
         return
     model_args = dict(getattr(args, "model_args", None) or {})
-    model_args.pop("pretrained", None)
+    lm_eval_model.embedded_name(model_args.pop("pretrained", None))
     lm_eval_model.parse_model_args(model_args.pop("method", "sparsespec"), model_args)
+
+
+def execute(cli, args) -> None:
+    """lm-eval's command; its unknown-task error (a ValueError, before any model loads) becomes one line."""
+    try:
+        cli.execute(args)
+    except ValueError as err:
+        if not str(err).startswith(TASKS_NOT_FOUND):
+            raise
+        missing = str(err).removeprefix(TASKS_NOT_FOUND)
+        raise ConfigError(f"--tasks {missing}: no such task; list the accepted names with `{PROG} ls tasks` "
+                          f"(with the same --include_path)") from None
 
 
 def write_speculation_files(output_path: str | None, since: float) -> list[Path]:

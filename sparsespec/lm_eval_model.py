@@ -29,7 +29,7 @@ from sparsespec import lm_eval_stats
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.method_options import coerce_options, option_names, resolve
 from sparsespec.methods.sparse_kv import resolve_budget
-from sparsespec.models import load_model
+from sparsespec.models import EMBEDDED_MODELS, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -134,11 +134,23 @@ def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
 
 
 # --- loading ------------------------------------------------------------------------------------
+def embedded_name(pretrained) -> str | None:
+    """The embedded model that `pretrained=embedded:<name>` names (None for anything else); an
+    unknown name is a ConfigError, found without loading anything."""
+    if not (isinstance(pretrained, str) and pretrained.startswith(EMBEDDED_PREFIX)):
+        return None
+    name = pretrained[len(EMBEDDED_PREFIX):]
+    if name not in EMBEDDED_MODELS:
+        raise ConfigError(f"pretrained={pretrained!r} names no embedded model; accepted: "
+                          f"{', '.join(EMBEDDED_PREFIX + known for known in EMBEDDED_MODELS)}, a hub id or a folder")
+    return name
+
+
 def resolve_pretrained(pretrained, hf_args: dict) -> tuple[object, dict]:
     """`embedded:<name>` loads through `sparsespec.models`; anything else is HFLM's to load."""
-    if not (isinstance(pretrained, str) and pretrained.startswith(EMBEDDED_PREFIX)):
+    name = embedded_name(pretrained)
+    if name is None:
         return pretrained, hf_args
-    name = pretrained[len(EMBEDDED_PREFIX):]
     hf_args = dict(hf_args)
     dtype = hf_args.pop("dtype", "auto")
     model, tokenizer = load_model({"name": name, "embedded": name},

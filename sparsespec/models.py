@@ -176,8 +176,31 @@ def _weights_location(spec: ModelSpec) -> tuple[str, dict]:
         if not folder.is_dir():
             raise UnavailableError(f"model '{spec.name}': local folder {folder} does not exist; "
                                    f"set model.path to a folder holding config.json and the weights")
+        check_model_folder(spec.name, folder)
         return str(folder), {}
     return spec.path, {"revision": spec.revision} if spec.revision else {}
+
+
+def check_model_folder(name: str, folder: Path) -> None:
+    """A local model folder holds a config.json whose model_type this transformers knows; transformers
+    itself says so only with a multi-line ValueError."""
+    config = folder / "config.json"
+    if not config.is_file():
+        raise UnavailableError(f"model '{name}': local folder {folder} holds no config.json; "
+                               f"set model.path to a folder holding config.json and the weights")
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:   # ValueError: JSONDecodeError and UnicodeDecodeError
+        raise UnavailableError(f"model '{name}': {config} is unreadable ({err}); "
+                               f"restore the model's config.json") from None
+    model_type = settings.get("model_type") if isinstance(settings, dict) else None
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"model '{name}': {config} has model_type={model_type!r}, which transformers {__version__} "
+                          f"does not know; accepted: a model_type of transformers' CONFIG_MAPPING "
+                          f"(llama, mistral, qwen2, ...)")
 
 
 def _is_local(path: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from omegaconf import OmegaConf
 
 from sparsespec.method_options import option_names, resolve
 from sparsespec.errors import ConfigError
-from sparsespec.harness.checks import check_config, context_warnings, method_options, model_spec, resolved_options
+from sparsespec.harness.checks import (check_config, context_warnings, device_name, method_options, model_spec,
+                                       resolved_options)
 from sparsespec.harness.contexts import exact_context_overrides
 from sparsespec.methods import METHODS
 from sparsespec.models import EMBEDDED_MODELS, ModelSpec
@@ -194,12 +196,45 @@ def test_submitit_launchers_compose(hydra_conf):
     (["ctx=-5"], "ctx=-5"),
     (["device=tpu"], "tpu"),
     (["top_p=0"], "top_p"),
+    (["temperature=nan"], "temperature=nan must be a finite number >= 0"),
+    (["temperature=inf"], "temperature=inf must be a finite number >= 0"),
+    (["temperature=abc"], "temperature='abc' must be a finite number >= 0"),
+    (["top_p=nan"], "top_p=nan must be a number in (0, 1]"),
+    (["top_p=inf"], "top_p=inf must be a number in (0, 1]"),
+    (["top_p=abc"], "top_p='abc' must be a number in (0, 1]"),
+    (["seed=abc"], "seed='abc' must be an integer"),
+    (["seed=1.5"], "seed=1.5 must be an integer"),
+    (["task.source=longbench", "task.path=no/such/folder"], "task.path=no/such/folder does not exist"),
 ])
 def test_bad_values_are_named(hydra_conf, overrides, fragment):
     with pytest.raises(ConfigError, match=None) as info:
         check_config(make(*overrides))
     message = str(info.value)
     assert fragment in message and "\n" not in message
+
+
+@pytest.mark.parametrize("device, fragment", [
+    ("cuda", "device='cuda' but CUDA is not available here"),
+    ("cuda:0", "device='cuda:0' but CUDA is not available here"),
+])
+def test_cuda_without_cuda_is_named_before_loading(hydra_conf, monkeypatch, device, fragment):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=re.escape(fragment) + ".*accepted here: auto, cpu$"):
+        check_config(make(f"device={device}"))
+    assert device_name("auto") == "cpu"
+
+
+def test_a_cuda_device_this_machine_lacks_is_named(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_name("cuda:1") == "cuda:1"
+    expected = "device='cuda:2' does not exist here; accepted: cuda, cuda:0 to cuda:1"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        device_name("cuda:2")
 
 
 def test_paper_gpu_command_passes_past_the_trained_length(hydra_conf):

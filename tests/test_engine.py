@@ -50,6 +50,21 @@ def test_batch_of_prompts_is_refused(model):
         sparsespec.generate(model, torch.ones(2, 10, dtype=torch.long), method="ar", max_new_tokens=3)
 
 
+@pytest.mark.parametrize("ids, words", [
+    (torch.tensor([[1, 2, 128]]), ["token id 128", "vocabulary of 128", "0 to 127"]),
+    ([5, -1, 7], ["token id -1", "vocabulary of 128"]),
+    (torch.tensor([[1.0, 2.0]]), ["integer token ids", "torch.float32"]),
+    (torch.tensor([True, False]), ["integer token ids", "torch.bool"]),
+], ids=["past-vocab", "negative", "float", "bool"])
+def test_prompt_ids_must_be_integers_inside_the_vocabulary(model, ids, words):
+    with pytest.raises(ConfigError) as err:
+        sparsespec.generate(model, ids, method="ar", max_new_tokens=2)
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
 def test_attention_implementation_is_restored(model):
     before = model.config._attn_implementation
     sparsespec.generate(model, random_prompt(50), method="sparsespec", max_new_tokens=5, recent=4, budget=10)

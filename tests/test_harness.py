@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -16,10 +17,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from test_config import hydra_conf, make  # noqa: F401 (hydra_conf is a fixture)
 
 from sparsespec.errors import ConfigError
 from sparsespec.harness.callbacks import sweep_lines
-from sparsespec.harness.results import SamplesFile, aggregate, build_sample, check_resume
+from sparsespec.harness.checks import make_output_folder
+from sparsespec.harness.folder_lock import LOCK_FILE, hold_folder
+from sparsespec.harness.results import RESUME, SamplesFile, aggregate, build_sample, check_resume
 from sparsespec.harness.tracking import Tracker, WandbTracker, make_tracker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +47,15 @@ def cli_env(**extra: str) -> dict:
 def cli(cwd: Path, *overrides: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "run.py"), *overrides], cwd=cwd, capture_output=True,
                           text=True, env=cli_env(**env), timeout=timeout)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> str:
+    """Exit 2, no traceback, and exactly one `error: ...` line on stderr, holding `expected`."""
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]
+    return errors[0]
 
 
 def read_samples(folder: Path) -> list[dict]:
@@ -127,11 +141,129 @@ def test_samples_file_drops_a_line_cut_short(tmp_path):
     assert [s["prompt_id"] for s in samples.load()] == ["a", "b"]
 
 
-def test_resume_refuses_other_settings(tmp_path):
+def test_resume_refuses_other_settings_once_a_sample_is_finished(tmp_path):
     assert check_resume(tmp_path, {"ctx": 1000, "seed": 0}) is False
+    SamplesFile(tmp_path).append({"prompt_id": "a", "method": "m"})
     assert check_resume(tmp_path, {"ctx": 1000, "seed": 0}) is True
     with pytest.raises(ConfigError, match="ctx: 1000 -> 2000"):
         check_resume(tmp_path, {"ctx": 2000, "seed": 0})
+    assert json.loads((tmp_path / RESUME).read_text()) == {"ctx": 1000, "seed": 0}
+
+
+def test_a_folder_without_a_finished_sample_takes_new_settings(tmp_path):
+    check_resume(tmp_path, {"budget": -0.1})                      # a run that then stopped on its bad input
+    (tmp_path / "samples.jsonl").write_text('{"prompt_id": "a", "met')  # killed before one line was whole
+    assert check_resume(tmp_path, {"budget": 0.1}) is False
+    assert json.loads((tmp_path / RESUME).read_text()) == {"budget": 0.1}
+
+
+@pytest.mark.parametrize("damage", ["{oops", "[1, 2]", None], ids=["not-json", "not-an-object", "missing"])
+def test_unreadable_resume_json_beside_finished_samples_is_one_line_error(tmp_path, damage):
+    check_resume(tmp_path, {"ctx": 1000})
+    SamplesFile(tmp_path).append({"prompt_id": "a", "method": "m"})
+    if damage is None:
+        (tmp_path / RESUME).unlink()
+    else:
+        (tmp_path / RESUME).write_text(damage)
+    with pytest.raises(ConfigError) as err:
+        check_resume(tmp_path, {"ctx": 1000})
+    message = str(err.value)
+    assert "resume.json" in message and "1 finished sample(s)" in message and "\n" not in message
+    assert len(SamplesFile(tmp_path).load()) == 1
+
+
+def test_output_folder_that_cannot_be_made_is_one_line_error(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"hydra.run.dir=.*afile is an existing file, not a folder"):
+        make_output_folder("hydra.run.dir", tmp_path / "afile")
+    with pytest.raises(ConfigError, match=r"hydra.sweep.dir=.*afile/sub cannot be created \(Not a directory\)"):
+        make_output_folder("hydra.sweep.dir", tmp_path / "afile" / "sub")
+    assert make_output_folder("hydra.run.dir", tmp_path / "a" / "b").is_dir()
+
+
+# --------------------------------------------------------------------------------------------
+# the run in this process, without a model: resume, the folder lock, a crash
+
+
+def fake_inputs(monkeypatch, crash_on: str | None = None) -> None:
+    """`runner.run` with no model: two prompts, each given a made-up sample (or a crash on `crash_on`)."""
+    from sparsespec.harness import runner
+
+    prompts = [SimpleNamespace(id=f"p{i}", reference=None) for i in range(2)]
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (torch.nn.Linear(1, 1), None, prompts))
+
+    def run_prompt(model, tokenizer, prompt, cfg, options, seed):
+        if prompt.id == crash_on:
+            raise RuntimeError(f"boom on {prompt.id}")
+        return build_sample(prompt=prompt, gen=fake_gen([1] * 3, [(2, 1)], decode_s=1.0), ref=None,
+                            names=runner.result_names(cfg), ctx=cfg.ctx, text="t", score=None, greedy=True)
+
+    monkeypatch.setattr(runner, "run_prompt", run_prompt)
+
+
+def test_a_run_stopped_after_loading_leaves_its_folder_free_for_new_settings(tmp_path, hydra_conf, monkeypatch):
+    from sparsespec.harness import runner
+
+    def bad_input(cfg, device):
+        raise ConfigError("a bad input found only once the model is loaded")
+
+    monkeypatch.setattr(runner, "load_inputs", bad_input)
+    with pytest.raises(ConfigError, match="found only once"):
+        runner.run(make(*QUICK, "max_new_tokens=9"), tmp_path)
+    fake_inputs(monkeypatch)
+    assert runner.run(make(*QUICK), tmp_path)["run"]["resumed"] is False
+    assert json.loads((tmp_path / RESUME).read_text())["max_new_tokens"] == 8
+    assert [s["prompt_id"] for s in read_samples(tmp_path)] == ["p0", "p1"]
+
+
+def test_a_crash_mid_run_keeps_every_finished_sample_and_frees_the_folder(tmp_path, hydra_conf, monkeypatch):
+    from sparsespec.harness.runner import run
+
+    fake_inputs(monkeypatch, crash_on="p1")
+    with pytest.raises(RuntimeError, match="boom on p1"):     # a bug propagates as itself
+        run(make(*QUICK), tmp_path)
+    first = (tmp_path / "samples.jsonl").read_text()
+    assert [s["prompt_id"] for s in read_samples(tmp_path)] == ["p0"]
+    fake_inputs(monkeypatch)
+    assert run(make(*QUICK), tmp_path)["run"]["resumed"] is True
+    after = (tmp_path / "samples.jsonl").read_text()
+    assert after.startswith(first) and after.count("\n") == 2    # p0 kept as it was, p1 added once
+
+
+def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_path, hydra_conf, monkeypatch):
+    from sparsespec.harness.runner import run
+
+    fake_inputs(monkeypatch)
+    with hold_folder(tmp_path), pytest.raises(ConfigError) as err:
+        run(make(*QUICK), tmp_path)
+    message = str(err.value)
+    assert f"is in use by another run (pid {os.getpid()} on {socket.gethostname()}, started " in message
+    assert "choose another hydra.run.dir" in message and "\n" not in message
+    assert not (tmp_path / "samples.jsonl").exists() and not (tmp_path / RESUME).exists()
+    run(make(*QUICK), tmp_path)                                    # released: the folder runs
+    assert len(read_samples(tmp_path)) == 2
+
+
+@pytest.mark.slow
+def test_the_lock_of_a_killed_run_does_not_block_its_resume(tmp_path):
+    """filelock's FileLock is an flock: the kernel drops it with its process, even on SIGKILL."""
+    code = ("import sys, time\n"
+            "from sparsespec.harness.folder_lock import hold_folder\n"
+            "with hold_folder(sys.argv[1]):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=cli_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=f"pid {holder.pid} on"), hold_folder(tmp_path):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (tmp_path / LOCK_FILE).exists()                        # the file stays; its lock died with the holder
+    with hold_folder(tmp_path):
+        pass
 
 
 def test_wandb_online_without_login_falls_back_to_offline(tmp_path, monkeypatch, caplog):
@@ -154,9 +286,11 @@ def test_sweep_lines_report_results_and_errors(tmp_path):
         {"run": {"method": "ar", "ctx": 1000}, "metrics": dict.fromkeys(METRIC_KEYS)}))
     (tmp_path / "1_b").mkdir()
     (tmp_path / "1_b" / "error.txt").write_text("ctx=60000 exceeds it\n")
+    (tmp_path / "2_c").mkdir()
+    (tmp_path / "2_c" / "error.txt").write_text("unexpected KeyError: 'x'\nTraceback (most recent call last):\n...")
     rows, errors = sweep_lines(tmp_path)
     assert len(rows) == 1 and "0_a" in rows[0]
-    assert errors == ["  1_b: ctx=60000 exceeds it"]
+    assert errors == ["  1_b: ctx=60000 exceeds it", "  2_c: unexpected KeyError: 'x'"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,6 +361,7 @@ def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_pa
     assert run["method_options"]["controller"] == "fixed" and run["method_options"]["k"] == 4
     assert run["warnings"] == [warnings[0].removeprefix("warning: ")]
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     out = tmp_path / "run"
@@ -243,6 +378,7 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     proc.wait()
     first = samples_path.read_text()
     assert first.count("\n") == 1, "killed too late: both prompts had finished"
+    assert (out / LOCK_FILE).exists()                               # the killed run's lock must not block the resume
 
     result = cli(tmp_path, *args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -297,7 +433,104 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
         "unknown-source", "unknown-option", "ar-controller-option"])
 def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
     result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
-    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert_one_line_error(result, expected)
+
+
+def make_bad_inputs(tmp: Path) -> None:
+    """What the cases below point at: a file, an empty model folder, a model of an unknown
+    architecture, a JSONL file broken on line 2, and a folder of one sample with a corrupt resume.json."""
+    (tmp / "afile").write_text("")
+    (tmp / "empty").mkdir()
+    (tmp / "alien").mkdir()
+    (tmp / "alien" / "config.json").write_text('{"model_type": "alien_arch"}')
+    (tmp / "qa.jsonl").write_text('{"context": "a", "input": "b"}\n{"context": \n')
+    (tmp / "corrupt").mkdir()
+    SamplesFile(tmp / "corrupt").append({"prompt_id": "a", "method": "sparsespec"})
+    (tmp / "corrupt" / RESUME).write_text("{oops")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, expected", [
+    (["temperature=nan"], "temperature=nan must be a finite number >= 0"),
+    (["temperature=inf"], "temperature=inf must be a finite number >= 0"),
+    (["temperature=abc"], "temperature='abc' must be a finite number >= 0"),
+    (["top_p=nan"], "top_p=nan must be a number in (0, 1]"),
+    (["seed=abc"], "seed='abc' must be an integer"),
+    pytest.param(["device=cuda"], "device='cuda' but CUDA is not available here",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    pytest.param(["hydra.run.dir=/proc/x"], "hydra.run.dir=/proc/x cannot be created",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")),
+    (["hydra.run.dir={tmp}/afile"], "afile is an existing file, not a folder"),
+    (["hydra.run.dir={tmp}/afile/run"], "afile/run cannot be created (Not a directory)"),
+    (["model.path={tmp}/empty"], "empty holds no config.json"),
+    (["model.path={tmp}/alien"], "has model_type='alien_arch', which transformers"),
+    (["task.source=longbench", "task.path={tmp}/nowhere"], "task.path={tmp}/nowhere does not exist"),
+    pytest.param(["task=qa", "task.source=longbench", "task.path={tmp}/qa.jsonl"],
+                 "qa.jsonl line 2 is not valid JSON", marks=pytest.mark.real_model),
+    (["hydra.run.dir={tmp}/corrupt"], "resume.json is unreadable"),
+], ids=["temperature-nan", "temperature-inf", "temperature-abc", "top_p-nan", "seed-abc", "cuda-absent",
+        "run-dir-in-proc", "run-dir-is-file", "run-dir-under-file", "model-folder-empty", "model-type-unknown",
+        "task-path-missing", "task-jsonl-malformed", "resume-json-corrupt"])
+def test_unreliable_input_gives_one_line_error(tmp_path, overrides, expected):
+    make_bad_inputs(tmp_path)
+    overrides = [o.format(tmp=tmp_path) for o in overrides]
+    if not any(o.startswith("hydra.run.dir=") for o in overrides):
+        overrides.append(f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(cli(tmp_path, *QUICK, "num_prompts=1", *overrides), expected.format(tmp=tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_a_run_stopped_by_bad_input_does_not_tie_its_folder(tmp_path):
+    """The issue's repro: a budget refused only once the run has started, then a good one."""
+    out = tmp_path / "run"
+    assert_one_line_error(cli(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=-0.1", f"hydra.run.dir={out}"),
+                          "budget=-0.1")
+    good = cli(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=0.1", f"hydra.run.dir={out}")
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert len(read_samples(out)) == 1
+    assert json.loads((out / RESUME).read_text())["options"]["budget"] == 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_two_runs_into_one_folder_one_stops_at_once(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, str(REPO / "run.py"), *QUICK, f"hydra.run.dir={out}"]
+    runs = [subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    done = {run.pid: subprocess.CompletedProcess(run.args, run.wait(timeout=300), *run.communicate())
+            for run in runs}
+    assert sorted(d.returncode for d in done.values()) == [0, 2], [d.stderr[-2000:] for d in done.values()]
+    [winner] = [pid for pid, d in done.items() if d.returncode == 0]
+    [loser] = [d for d in done.values() if d.returncode == 2]
+    assert_one_line_error(loser, f"is in use by another run (pid {winner} on {socket.gethostname()}, started ")
+    samples = read_samples(out)
+    assert len(samples) == 2 and len({s["prompt_id"] for s in samples}) == 2
+
+
+@pytest.mark.slow
+def test_a_sweep_job_that_crashes_is_recorded_and_listed(tmp_path):
+    """A bug in a job (here: loading raises RuntimeError) leaves error.txt, one line then the traceback;
+    the other jobs run, the sweep report lists it by its first line and exits 2."""
+    code = ("import runpy, sys\n"
+            "from sparsespec.harness import runner\n"
+            "def crash(cfg, device):\n"
+            "    raise RuntimeError(f'boom at seed {cfg.seed}')\n"
+            "runner.load_inputs = crash\n"
+            "sys.argv[0] = sys.argv[1]\n"
+            "del sys.argv[1]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    sweep = tmp_path / "sweep"
+    result = subprocess.run([sys.executable, "-c", code, str(REPO / "run.py"), "-m", "seed=0,1", *QUICK,
+                             f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]
+    assert "2 job(s) stopped on an error" in result.stderr
+    for seed in (0, 1):
+        assert f": unexpected RuntimeError: boom at seed {seed}\n" in result.stderr
+        [error] = sweep.glob(f"{seed}_*/error.txt")
+        summary, *traceback = error.read_text().splitlines()
+        assert summary == f"unexpected RuntimeError: boom at seed {seed}"
+        assert traceback[0] == "Traceback (most recent call last):" and "in crash" in "\n".join(traceback)

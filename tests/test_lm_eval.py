@@ -134,6 +134,26 @@ def test_cli_bad_model_args_one_line(model_args, message, capsys):
     assert_one_line_error(returncode, capsys.readouterr().err, message)
 
 
+def test_cli_unknown_embedded_model_fails_before_loading(capsys):
+    from sparsespec import eval as entry
+
+    returncode = entry.main(["--model", "sparsespec", "--model_args", "pretrained=embedded:nope",
+                             "--tasks", GEN_TASK])
+    assert_one_line_error(returncode, capsys.readouterr().err,
+                          "pretrained='embedded:nope' names no embedded model; accepted: embedded:smollm2_135m")
+
+
+def test_cli_unknown_task_says_how_to_list_them(capsys):
+    """lm-eval finds an unknown task before it loads the model; the one line says how to see the names."""
+    from sparsespec import eval as entry
+
+    returncode = entry.main(["--model", "sparsespec", "--model_args", f"pretrained={EMBEDDED}",
+                             "--include_path", str(TASKS_DIR), "--tasks", f"{GEN_TASK},no_such_task"])
+    assert_one_line_error(returncode, capsys.readouterr().err,
+                          "--tasks no_such_task: no such task; list the accepted names with "
+                          "`python -m sparsespec.eval ls tasks`")
+
+
 @pytest.mark.real_model
 def test_cli_writes_speculation_file_next_to_results(tmp_path):
     done = run_cli("--model", "sparsespec", "--model_args", f"{SPARSESPEC_ARGS},budget=0.2",
@@ -194,6 +214,8 @@ def test_bad_method_option_rejected_before_loading():
         lm_eval_model.SparseSpecLM(pretrained="no/such-model", method="nope")
     with pytest.raises(ConfigError, match="budget"):
         lm_eval_model.SparseSpecLM(pretrained="no/such-model", budget=-1)
+    with pytest.raises(ConfigError, match="'embedded:nope' names no embedded model"):
+        lm_eval_model.SparseSpecLM(pretrained="embedded:nope")
 
 
 @pytest.mark.parametrize("key, value, expected", [

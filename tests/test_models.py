@@ -108,6 +108,22 @@ def test_missing_local_folder_is_unavailable(tmp_path):
     assert "absent" in str(error.value) and "model.path" in str(error.value)
 
 
+@pytest.mark.parametrize("config, error, words", [
+    (None, UnavailableError, ["holds no config.json", "model.path"]),
+    ('{"model_type": "alien_arch"}', ConfigError, ["model_type='alien_arch'", "transformers", "llama, mistral"]),
+    ("{}", ConfigError, ["model_type=None", "transformers"]),
+    ("{oops", UnavailableError, ["config.json is unreadable", "restore"]),
+], ids=["empty", "unknown-model-type", "no-model-type", "corrupt-config"])
+def test_a_folder_transformers_cannot_load_is_one_line_error(tmp_path, config, error, words):
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    with pytest.raises(error) as raised:
+        load_model({"name": "mine", "path": str(tmp_path)}, device="cpu")
+    assert_one_line(raised)
+    for word in words:
+        assert word in str(raised.value)
+
+
 def test_hub_model_offline_says_how_to_get_it():
     """A fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported."""
     code = ("from sparsespec.models import load_model\n"

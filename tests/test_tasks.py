@@ -185,6 +185,19 @@ def test_missing_local_dataset_path_is_unavailable(tokenizer, tmp_path):
     assert "narrativeqa" in str(error.value)
 
 
+@pytest.mark.parametrize("name, text, line", [
+    ("qa.jsonl", '{"context": "a"}\n\n{"context": \n', 3),
+    ("data.json", '[{"context": "a"},\n {"context" "b"}]', 2),
+], ids=["jsonl", "json"])
+def test_a_malformed_local_file_names_the_file_and_line(tokenizer, tmp_path, name, text, line):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_prompts("qa", source="longbench", tokenizer=tokenizer, context_tokens=CTX, num_prompts=1,
+                     path=str(tmp_path / name))
+    assert_one_line(error)
+    assert f"{tmp_path / name} line {line} is not valid JSON" in str(error.value)
+
+
 def test_hub_datasets_offline_say_how_to_get_them():
     """A fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported."""
     code = ("from sparsespec.tasks import load_prompts\n"

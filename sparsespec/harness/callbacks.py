@@ -1,4 +1,5 @@
-"""Hydra callbacks: at the end of a sweep, one table of every job's result and its errors."""
+"""Hydra callbacks: the output folder checked before anything runs; at the end of a sweep, one table
+of every job's result and its errors."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-ERROR_FILE = "error.txt"      # written into a job's folder by run.py when the job stops on a bad input
+from sparsespec.errors import ConfigError, exit_with_error
+from sparsespec.harness.checks import make_output_folder
+
+ERROR_FILE = "error.txt"      # written into a job's folder by run.py when the job stops: one line, then any traceback
 SUMMARY_FILE = "summary.json"
 
 
@@ -24,12 +28,18 @@ def _fmt(value, spec: str) -> str:
     return "-".rjust(width) if value is None else format(value, spec)
 
 
+def first_line(path: Path) -> str:
+    """The summary line of an error file (a traceback may follow it)."""
+    lines = path.read_text().strip().splitlines()
+    return lines[0] if lines else "(empty error file)"
+
+
 def sweep_lines(sweep_dir: Path) -> tuple[list[str], list[str]]:
     """(one line per finished job, one line per failed job), in job order."""
     rows, errors = [], []
     for folder in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=_job_number):
         if (folder / ERROR_FILE).exists():
-            errors.append(f"  {folder.name}: {(folder / ERROR_FILE).read_text().strip()}")
+            errors.append(f"  {folder.name}: {first_line(folder / ERROR_FILE)}")
         elif (folder / SUMMARY_FILE).exists():
             summary = json.loads((folder / SUMMARY_FILE).read_text())
             run, m = summary["run"], summary["metrics"]
@@ -40,12 +50,31 @@ def sweep_lines(sweep_dir: Path) -> tuple[list[str], list[str]]:
     return rows, errors
 
 
+class OutputFolderCheck(Callback):
+    """Before Hydra makes the output folder: one that cannot be made (`hydra.run.dir=/proc/x`, an
+    existing file) is the one-line error and exit 2 of run.py, not a traceback from inside Hydra."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._make("hydra.run.dir", config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._make("hydra.sweep.dir", config.hydra.sweep.dir)
+
+    @staticmethod
+    def _make(key: str, path: str) -> None:
+        try:
+            make_output_folder(key, path)
+        except ConfigError as err:
+            exit_with_error(err)
+
+
 class SweepReport(Callback):
     """After a multirun: print each job's headline numbers; list the jobs that stopped on an error
     and then exit 2.
 
     Jobs of a sweep do not stop each other (a context too long for one model must not cancel the
-    other models' runs): a failed job leaves `error.txt` (one line) in its folder instead.
+    other models' runs, nor must a crash): a failed job leaves `error.txt` in its folder instead,
+    whose first line is listed here.
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -4,6 +4,10 @@ Every problem raises `ConfigError` with one line that names the value and what i
 """
 from __future__ import annotations
 
+import math
+import os
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from sparsespec.errors import ConfigError
@@ -33,18 +37,42 @@ def method_options(cfg: DictConfig) -> dict:
 
 
 def device_name(requested: str) -> str:
-    """`auto` -> cuda when available, else cpu."""
+    """`auto` -> cuda when available, else cpu; an explicit CUDA device must exist here."""
     if requested not in DEVICES and not str(requested).startswith("cuda:"):
         raise ConfigError(f"device={requested!r} is unknown; accepted: {', '.join(DEVICES)} or cuda:N")
-    if requested != "auto":
-        return requested
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        check_cuda_device(requested)
+    return requested
+
+
+def check_cuda_device(requested: str) -> None:
+    """`cuda` or `cuda:N` must name a CUDA device this machine has."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={requested!r} but CUDA is not available here (torch {torch.__version__}); "
+                          f"accepted here: auto, cpu")
+    index = requested.partition(":")[2]
+    count = torch.cuda.device_count()
+    if index and not (index.isdigit() and int(index) < count):
+        raise ConfigError(f"device={requested!r} does not exist here; accepted: cuda, cuda:0 to cuda:{count - 1}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value) -> bool:
+    """An int or float that is neither NaN nor infinite (the command line gives `nan`, `inf`, `abc` too)."""
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
 def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not _is_int(value) or value < 1:
         raise ConfigError(f"{name}={value!r} must be an integer >= 1")
 
 
@@ -52,10 +80,12 @@ def check_numbers(cfg: DictConfig) -> None:
     _positive_int("ctx", cfg.ctx)
     _positive_int("num_prompts", cfg.num_prompts)
     _positive_int("max_new_tokens", cfg.max_new_tokens)
-    if cfg.temperature < 0:
-        raise ConfigError(f"temperature={cfg.temperature!r} must be >= 0 (0 means greedy)")
-    if not 0.0 < cfg.top_p <= 1.0:
-        raise ConfigError(f"top_p={cfg.top_p!r} must be in (0, 1]")
+    if not _is_int(cfg.seed):
+        raise ConfigError(f"seed={cfg.seed!r} must be an integer")
+    if not _is_finite_number(cfg.temperature) or cfg.temperature < 0:
+        raise ConfigError(f"temperature={cfg.temperature!r} must be a finite number >= 0 (0 means greedy)")
+    if not _is_finite_number(cfg.top_p) or not 0.0 < cfg.top_p <= 1.0:
+        raise ConfigError(f"top_p={cfg.top_p!r} must be a number in (0, 1]")
     if cfg.logger.name not in LOGGERS:
         raise ConfigError(f"logger={cfg.logger.name!r} is unknown; accepted: {', '.join(LOGGERS)}")
     if cfg.logger.name == "wandb" and cfg.logger.mode not in WANDB_MODES:
@@ -112,10 +142,33 @@ def check_task(task: str, source: str) -> None:
         raise ConfigError(f"task.source={source!r} is unknown; accepted: {', '.join(SOURCES)}")
 
 
+def check_task_path(path: str | None) -> None:
+    """A local task file or folder must exist (null: the source's own data)."""
+    if path is not None and not Path(str(path)).expanduser().exists():
+        raise ConfigError(f"task.path={path} does not exist; point it at a local file or folder of the task's "
+                          f"data, or set task.path=null")
+
+
+def make_output_folder(key: str, path) -> Path:
+    """Create the output folder `key` (hydra.run.dir / hydra.sweep.dir) names, or say in one line why not."""
+    folder = Path(str(path)).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{key}={path} is an existing file, not a folder; choose a folder path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{key}={path} cannot be created ({err.strerror or err}); "
+                          f"choose a folder you can write to") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path} is not writable; choose a folder you can write to")
+    return folder
+
+
 def check_config(cfg: DictConfig) -> None:
     """Everything that can be checked without loading the model or the prompts."""
     check_numbers(cfg)
     check_task(cfg.task.name, cfg.task.source)
+    check_task_path(cfg.task.path)
     device_name(cfg.device)
     check_context_fits(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.max_context)
     check_method_options(cfg.method.name, method_options(cfg), cfg.ctx)

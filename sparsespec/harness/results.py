@@ -156,18 +156,39 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def check_resume(folder: Path, settings: dict) -> bool:
-    """Record `settings` on a fresh folder; on a re-run insist they are unchanged.
+    """Record `settings` unless the folder holds finished samples; then insist they are unchanged.
 
-    Returns True when the folder already held a run of these settings (a resume).
+    A folder without a finished sample takes any settings (a run that stopped on a bad input before
+    its first sample leaves nothing to protect). Returns True when finished samples are resumed.
     """
-    path = Path(folder) / RESUME
-    if not path.exists():
-        write_json(path, settings)
+    folder = Path(folder)
+    finished = len(SamplesFile(folder).load())
+    if not finished:
+        write_json(folder / RESUME, settings)
         return False
-    before = json.loads(path.read_text(encoding="utf-8"))
+    before = recorded_settings(folder, finished)
     if before != settings:
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
         detail = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
         raise ConfigError(f"{folder} holds results of different settings ({detail}); "
                           f"resume with the same settings or choose another hydra.run.dir")
     return True
+
+
+def recorded_settings(folder: Path, finished: int) -> dict:
+    """The settings in resume.json; a one-line error when it is missing or unreadable, since then
+    nobody can tell what the `finished` samples were made with."""
+    path = Path(folder) / RESUME
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problem = "is missing"
+    except (OSError, ValueError) as err:   # ValueError: JSONDecodeError and UnicodeDecodeError
+        problem = f"is unreadable ({err})"
+    else:
+        if isinstance(settings, dict):
+            return settings
+        problem = f"holds a {type(settings).__name__}, not the settings object"
+    raise ConfigError(f"{path} {problem}, so the settings of the {finished} finished sample(s) in {SAMPLES} "
+                      f"are unknown; restore it, or move the folder's results away to start afresh "
+                      f"(or choose another hydra.run.dir)")

@@ -18,6 +18,7 @@ from sparsespec.errors import ConfigError
 from . import environment
 from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name, method_options,
                      model_spec, resolved_options)
+from .folder_lock import hold_folder
 from .report import format_table
 from .results import SUMMARY, SamplesFile, aggregate, build_sample, check_resume, sample_key, write_json
 from .tracking import make_tracker
@@ -130,16 +131,25 @@ def warm_up(model, prompt, cfg: DictConfig, options: dict) -> None:
 
 
 def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
-    """Run `cfg` into `folder`, resuming what a previous run of the same settings finished there."""
+    """Run `cfg` into `folder`, resuming what a previous run of the same settings finished there.
+
+    The folder stays locked while the run lives: a second run into it stops at once (ConfigError)."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     check_config(cfg)
     warnings = context_warnings(cfg)
     for warning in warnings:   # once, before anything loads; summary.json keeps them
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     device = device_name(cfg.device)
-    options = method_options(cfg)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    with hold_folder(folder):
+        return run_in_held_folder(cfg, folder, device=device, warnings=warnings, started=started, group=group)
+
+
+def run_in_held_folder(cfg: DictConfig, folder: Path, *, device: str, warnings: list[str], started: str,
+                       group: str | None) -> dict:
+    """`run` once the folder is checked and held: resume, load, decode the pending prompts, summarize."""
+    options = method_options(cfg)
     resumed = check_resume(folder, resume_settings(cfg, device))
     samples_file = SamplesFile(folder)
     finished = {sample_key(s): s for s in samples_file.load()}

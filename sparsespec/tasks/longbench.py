@@ -90,8 +90,23 @@ def _file_rows(file: Path) -> list[dict]:
         return pyarrow.parquet.read_table(file).to_pylist()
     text = file.read_text(encoding="utf-8")
     if file.suffix == ".jsonl" or not text.lstrip().startswith("["):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    return json.loads(text)
+        return [_json_line(file, number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _malformed(file, err.lineno, err) from None
+
+
+def _json_line(file: Path, number: int, line: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise _malformed(file, number, err) from None
+
+
+def _malformed(file: Path, line: int, err: json.JSONDecodeError) -> ConfigError:
+    return ConfigError(f"task.path: {file} line {line} is not valid JSON ({err.msg}, column {err.colno}); "
+                       f"fix that line or point task.path at a valid JSON/JSONL file")
 
 
 def _hub_rows(hub_id: str, subset: str | None) -> list[dict]:

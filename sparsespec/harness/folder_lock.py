@@ -1,0 +1,52 @@
+"""One run per output folder: a lock held for the run's whole life, and a note of who holds it.
+
+The lock is `fcntl.flock` (filelock's FileLock), so the kernel drops it when its process dies, even
+by `kill -9`: a killed run never blocks its own resume. The note (pid, host, start time) sits next to
+the lock file, so a second run into the folder can say whose run is in the way.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from sparsespec.errors import ConfigError
+
+from .results import write_json
+
+LOCK_FILE = ".run.lock"
+HOLDER_FILE = ".run.lock.json"   # the note of the lock's holder; left in place, overwritten by the next one
+
+
+@contextlib.contextmanager
+def hold_folder(folder: Path) -> Iterator[None]:
+    """Hold `folder` for the duration of the block; raise ConfigError at once if a run holds it."""
+    folder = Path(folder)
+    lock = FileLock(folder / LOCK_FILE)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(f"{folder} is in use by another run ({lock_holder(folder)}); wait for it to end, "
+                          f"or choose another hydra.run.dir") from None
+    try:
+        write_json(folder / HOLDER_FILE, {"pid": os.getpid(), "host": socket.gethostname(),
+                                          "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        yield
+    finally:
+        lock.release()
+
+
+def lock_holder(folder: Path) -> str:
+    """Who holds `folder`'s lock, in words, from the holder's note."""
+    note = Path(folder) / HOLDER_FILE
+    try:
+        holder = json.loads(note.read_text(encoding="utf-8"))
+        return f"pid {holder['pid']} on {holder['host']}, started {holder['started']}"
+    except (OSError, ValueError, TypeError, KeyError):   # no note yet (it is written just after the lock)
+        return f"holder not known: {note.name} is missing or unreadable"
