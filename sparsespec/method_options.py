@@ -113,9 +113,13 @@ def resolve(method: str, options: dict) -> MethodOptions:
 
 
 def coerce_options(method: str, raw: dict) -> dict:
-    """Command-line strings (lm-eval's model_args) as the declared types; other values pass through."""
-    return {name: coerce(value, option_type(method, name)) if isinstance(value, str) else value
-            for name, value in raw.items()}
+    """Command-line strings (lm-eval's model_args) as the declared types; lists become tuples; other
+    values pass through (a single value of a list option is taken as a one-item list by `resolve`)."""
+    def one(name, value):
+        if isinstance(value, str):
+            return coerce(value, option_type(method, name))
+        return tuple(value) if isinstance(value, list) else value
+    return {name: one(name, value) for name, value in raw.items()}
 
 
 def describe(method: str) -> str:

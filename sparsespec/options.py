@@ -109,8 +109,10 @@ def coerce(text: str, hint):
         return text
     if hint is type(None):
         return None if text.lower() in ("none", "null") else text
-    if hint is bool:
-        return {"true": True, "false": False}.get(text.lower(), text)
+    if hint is bool or hint is Any:
+        words = {"true": True, "false": False, **({"none": None, "null": None} if hint is Any else {})}
+        if hint is bool or text.lower() in words:
+            return words.get(text.lower(), text)
     for kind in (int, float):
         if hint in (kind, float, Any):
             try:
@@ -168,7 +170,7 @@ class OptionSet:
         unknown = sorted(set(values) - set(cls.names()))
         if unknown:
             raise ConfigError(f"unknown option(s) {unknown} for {owner}; accepted: {sorted(cls.names())}")
-        values = {k: tuple(v) if isinstance(v, (list, range)) else v for k, v in values.items()}
+        values = {k: cls._as_declared_shape(k, v) for k, v in values.items()}
         for name, value in values.items():
             cls.check_value(name, value, owner)
         built = cls(**values)
@@ -190,6 +192,15 @@ class OptionSet:
         spec = [(f.name, hints[f.name], overrides.get(f.name, field(default=f.default, metadata=f.metadata)))
                 for f in chosen]
         return dataclasses.make_dataclass(name, spec, bases=(OptionSet,), frozen=True)
+
+    @classmethod
+    def _as_declared_shape(cls, name: str, value):
+        """Lists (YAML, lm-eval) become tuples; a single value of a list-typed option becomes a 1-tuple."""
+        if isinstance(value, (list, range)):
+            return tuple(value)
+        if typing.get_origin(cls.hints()[name]) is tuple and not isinstance(value, tuple) and value is not None:
+            return (value,)
+        return value
 
     def check_together(self) -> str | None:
         """A rule spanning several options; None when they fit together."""

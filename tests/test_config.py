@@ -195,6 +195,7 @@ def test_submitit_launchers_compose(hydra_conf):
     (["method.name=nosuch"], "nosuch"),
     (["ctx=-5"], "ctx=-5"),
     (["device=tpu"], "tpu"),
+    (["compare_ar=maybe"], "compare_ar='maybe' must be true or false"),
     (["top_p=0"], "top_p"),
     (["temperature=nan"], "temperature=nan must be a finite number >= 0"),
     (["temperature=inf"], "temperature=inf must be a finite number >= 0"),

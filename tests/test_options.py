@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,7 @@ def test_prompt_lookup_drafts_have_no_entropy_so_the_entropy_controller_does_not
     ("4", int, 4), ("0.25", float, 0.25), ("3", float, 3), ("true", bool, True), ("False", bool, False),
     ("2:4:8", tuple[int, ...], (2, 4, 8)), ("2|4", tuple[int, ...], (2, 4)), ("none", int | None, None),
     ("7", int | None, 7), ("inductor", bool | str, "inductor"), ("true", bool | str, True), ("abc", int, "abc"),
+    ("true", Any, True), ("8", Any, 8), ("truncated:8", Any, "truncated:8"),
 ])
 def test_strings_coerce_to_the_declared_type(text, hint, expected):
     assert coerce(text, hint) == expected

@@ -82,6 +82,9 @@ def check_numbers(cfg: DictConfig) -> None:
     _positive_int("max_new_tokens", cfg.max_new_tokens)
     if not _is_int(cfg.seed):
         raise ConfigError(f"seed={cfg.seed!r} must be an integer")
+    for name in ("stop_at_eos", "compare_ar", "warmup"):
+        if not isinstance(cfg[name], bool):
+            raise ConfigError(f"{name}={cfg[name]!r} must be true or false")
     if not _is_finite_number(cfg.temperature) or cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature!r} must be a finite number >= 0 (0 means greedy)")
     if not _is_finite_number(cfg.top_p) or not 0.0 < cfg.top_p <= 1.0:

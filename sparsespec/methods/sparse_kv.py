@@ -13,6 +13,7 @@ Three policies differ only in where the top-K scores come from:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,6 +24,11 @@ from ..errors import ConfigError
 from ..options import OptionSet, above, at_least, in_range, one_of, option
 from ..selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
 from .base import DecodeState, ModelDrafter
+
+
+def compile_backend(value) -> str | None:
+    """compile_draft takes true/false, a torch.compile backend name, or a backend callable."""
+    return None if isinstance(value, (bool, str)) or callable(value) else "true, false, a backend name or a callable"
 
 
 def resolve_budget(prompt_len: int, *, sink: int, recent: int, topk: int | None, budget: float | int) -> Budget:
@@ -63,8 +69,8 @@ class SparseKVDrafter(ModelDrafter):
         draft_weights: str = option("auto", "int8 draft copy on CPU (a step is weight-read bound), full on GPU",
                                     check=one_of(*DRAFT_WEIGHTS))
         static_draft: bool = option(False, "fixed-shape draft cache + masked attention (what compile needs)")
-        compile_draft: bool | str = option(False, "torch.compile the draft step (true: inductor, CUDA graphs on "
-                                                  "GPU; or a backend name)")
+        compile_draft: Any = option(False, "torch.compile the draft step (true: inductor, CUDA graphs on GPU; "
+                                           "or a backend name or callable)", check=compile_backend)
 
     refresh_scores = True     # False: keep the prefill scores (snapkv_static)
     use_topk = True           # False: streaming (sinks + recent only)
