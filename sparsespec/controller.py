@@ -118,6 +118,20 @@ class Controller:
     def __init__(self, **options):
         self.opts = self.Options.build(options, owner=f"controller {self.name!r}")
 
+    def use_cost_prior(self, profile: "CostProfile") -> None:
+        """Start from measured costs (`sparsespec.calibration`); controllers that ignore costs ignore it."""
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Measured costs of one setting (model, context, method): the median seconds of one draft step
+    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds."""
+    draft_step_s: float
+    verify_s: dict[int, float]
+
+    def as_dict(self) -> dict:
+        return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())}}
+
 
 class FixedK(Controller):
     """Always draft k tokens (fewer only when the output budget ends)."""
@@ -222,6 +236,14 @@ class EntropyController(Controller):
         self.n_accepted = self.n_rejected = 0
         self._reset_round(limit=self.max_k)
 
+    def use_cost_prior(self, profile: CostProfile) -> None:
+        """Measured C_d and C_v(k) replace the warm-up: the rule is in charge from round one and
+        refines the costs online (the EMAs start from the profile)."""
+        self.c_draft = profile.draft_step_s
+        for k, seconds in profile.verify_s.items():
+            self.c_verify.by_k[int(k)] = seconds
+        self.warmup_rounds = 0
+
     # --- state ------------------------------------------------------------------------------
     def _reset_round(self, limit: int) -> None:
         self._limit = limit
@@ -313,6 +335,33 @@ class EntropyController(Controller):
         k = self._submit if self._submit is not None else len(self._probs)
         return {"accept_probs": self._probs[:k], "survival": survival(self._probs[:k]),
                 "cost_draft": self.c_draft, "cost_verify": self.c_verify(k)}
+
+
+class CycleK(FixedK):
+    """Cycle through `ks`, one k per round: the calibration profile's controller (every k is
+    measured on the same prompt and cache, repeatedly, before anything is timed)."""
+
+    name = "cycle"
+
+    @dataclass(frozen=True)
+    class Options(OptionSet):
+        ks: tuple[int, ...] = option((1, 2, 4, 8, 12, 16), "spans the entropy controller's candidates, so "
+                                                             "C_v(k)'s line is fitted, not extrapolated",
+                                     check=non_empty(at_least(1)))
+
+    def __init__(self, **options):
+        Controller.__init__(self, **options)
+        self.ks = list(self.opts.ks)
+        self.max_k = max(self.ks)
+        self.rounds = 0
+        self.k = self._limit = self.ks[0]
+
+    def start_round(self, limit: int) -> None:
+        self.k = self.ks[self.rounds % len(self.ks)]
+        self._limit = min(self.k, limit)
+
+    def observe(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+        self.rounds += 1
 
 
 class HeuristicK(FixedK):

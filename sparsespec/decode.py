@@ -77,8 +77,9 @@ def eos_ids(model, eos_token_id) -> set[int]:
 @torch.inference_mode()
 def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-             stop_at_eos: bool = True, eos_token_id=None, **method_options) -> Generation:
-    """Decode one prompt with `method`; see the module docstring. Greedy when temperature == 0."""
+             stop_at_eos: bool = True, eos_token_id=None, cost_prior=None, **method_options) -> Generation:
+    """Decode one prompt with `method`; see the module docstring. Greedy when temperature == 0.
+    `cost_prior`: a `CostProfile` (sparsespec.calibration) the controller starts from."""
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
@@ -90,6 +91,8 @@ def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: in
     prompt = as_prompt_tensor(input_ids, device, model.get_input_embeddings().num_embeddings)
     options = resolve(method, method_options)           # every option checked before any work
     controller = options.make_controller()
+    if cost_prior is not None:
+        controller.use_cost_prior(cost_prior)
     drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=max_new_tokens,
                               max_k=controller.max_k, options=options.drafter_options)
 

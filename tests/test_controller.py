@@ -9,8 +9,9 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.controller import (EntropyController, FixedK, choose_k, expected_ratio, paper_acceptance,
-                                   survival, with_base_rate)
+from sparsespec.calibration import measure_cost_profile
+from sparsespec.controller import (CostProfile, CycleK, EntropyController, FixedK, choose_k, expected_ratio,
+                                   paper_acceptance, survival, with_base_rate)
 
 
 def test_acceptance_probability_at_the_centres_and_halfway():
@@ -144,3 +145,43 @@ def test_entropy_controller_traces_are_consistent(arch):
         assert r.survival == pytest.approx(survival(r.accept_probs))
         assert r.cost_draft > 0 and r.cost_verify > 0
         assert r.draft_steps in (r.drafted, r.drafted + 1)   # at most one drafted token discarded
+
+
+def test_cycle_controller_drafts_each_k_in_turn():
+    ctl = CycleK(ks=(1, 4, 2))
+    drafted = []
+    for _ in range(6):
+        drafted.append(run_online(ctl, [0.0] * 16)[0])
+        ctl.observe([], accepted=0, submitted=drafted[-1], draft_step_s=0.01, verify_s=0.1)
+    assert drafted == [1, 4, 2, 1, 4, 2] and ctl.max_k == 4
+
+
+def test_a_cost_prior_puts_the_rule_in_charge_from_round_one_and_its_slope_decides_k():
+    """With a measured profile the warm-up is skipped; a steep C_v(k) means a shorter k than a flat one."""
+    entropies = [0.3] * 16
+
+    def k_chosen(verify_s):
+        ctl = EntropyController(warmup_rounds=4)
+        ctl.use_cost_prior(CostProfile(draft_step_s=0.02, verify_s=verify_s))
+        ctl.mu_acc, ctl.mu_rej, ctl.n_accepted, ctl.n_rejected = 0.3, 3.0, 50, 5
+        assert ctl.ready
+        return run_online(ctl, entropies)[1]
+
+    flat = k_chosen({1: 0.10, 16: 0.10})
+    steep = k_chosen({1: 0.10, 16: 0.10 + 15 * 0.05})
+    assert steep < flat
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch):
+    model = build_tiny(arch)
+    prompt = random_prompt(200)
+    profile = measure_cost_profile(model, prompt, method="sparsespec", ks=(1, 2, 4), repeats=2,
+                                   recent=16, budget=60, candidates=(1, 2))   # controller options are ignored
+    assert {1, 2, 4} <= set(profile.verify_s) and profile.draft_step_s > 0   # a capped last round adds its own k
+    assert all(s > 0 for s in profile.verify_s.values())
+    ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=40, stop_at_eos=False)
+    gen = sparsespec.generate(model, prompt, method="sparsespec", recent=16, budget=60, max_new_tokens=40,
+                              stop_at_eos=False, cost_prior=profile)
+    assert gen.tokens == ar.tokens
+    assert any(r.accept_probs for r in gen.rounds[:2]), "with a prior the rule decides from the first rounds"

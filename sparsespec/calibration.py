@@ -1,0 +1,51 @@
+"""A short cost profile, measured before anything is timed: the entropy controller's prior.
+
+The controller's choice k* = argmax (1 + sum pi_m) / (k C_d + C_v(k)) is only as good as its costs.
+Measured online from a few single rounds, C_v(k)'s slope is noise on a shared CPU. Instead, one
+untimed generation on the real prompt cycles k through `ks`, `repeats` times, and the medians become
+the controller's starting costs (`generate(..., cost_prior=profile)`), refined online from there:
+
+    C_d    = median over draft steps of (draft seconds / draft steps)
+    C_v(k) = median over the rounds that verified k drafts of their verify seconds
+
+The profile's generation also serves as the run's warm-up.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from .controller import CostProfile, CycleK
+from .decode import generate
+from .errors import ConfigError
+from .methods import METHODS
+
+DEFAULT_KS = CycleK.Options().ks
+
+
+def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
+                         **options) -> CostProfile:
+    """Draft k = each of `ks` in turn, `repeats` times, on `input_ids`; the median costs per k.
+    `options` are the method's; controller options among them are ignored (the cycle replaces them)."""
+    if method not in METHODS or not METHODS[method].drafts:
+        raise ConfigError(f"a cost profile needs a drafting method; got {method!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
+    drafter_options = {k: v for k, v in options.items() if k in METHODS[method].Options.names()}
+    new_tokens = repeats * sum(k + 1 for k in ks) + 1          # one round per k per repeat, then one token
+    gen = generate(model, input_ids, method=method, controller="cycle", ks=tuple(ks), max_new_tokens=new_tokens,
+                   stop_at_eos=False, **drafter_options)
+    return profile_of(gen.rounds)
+
+
+def profile_of(rounds) -> CostProfile:
+    """Median C_d and C_v(k) of measured rounds (`Round`s)."""
+    verify = defaultdict(list)
+    for r in rounds:
+        if r.drafted:
+            verify[r.drafted].append(r.verify_s)
+    steps = [r.draft_s / r.draft_steps for r in rounds if r.draft_steps]
+    if not steps or not verify:
+        raise ConfigError("the cost profile drafted nothing: the method proposed no tokens on this prompt")
+    return CostProfile(draft_step_s=statistics.median(steps),
+                       verify_s={k: statistics.median(v) for k, v in sorted(verify.items())})
