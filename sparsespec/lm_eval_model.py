@@ -29,7 +29,7 @@ from sparsespec import lm_eval_stats
 from sparsespec.decode import CONTROLLER_OPTIONS, build_controller, split_options
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.methods import METHODS, method_names
-from sparsespec.methods.sparse_kv import resolve_budget
+from sparsespec.selection import resolve_budget
 from sparsespec.models import load_model
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def validate_options(method: str, options: dict, context: int = NOMINAL_CONTEXT)
     controller_options, drafter_options = split_options(method, options)
     build_controller(controller_options)
     if "budget" in drafter_options:
-        resolve_budget(context, sink=drafter_options.get("sink", 0), recent=drafter_options.get("recent", 0),
+        resolve_budget(context, context, sink=drafter_options.get("sink", 0), recent=drafter_options.get("recent", 0),
                        topk=drafter_options.get("topk"), budget=drafter_options["budget"])
 
 

@@ -4,7 +4,8 @@ A method is a *drafter*: it proposes tokens, and the shared loop in `sparsespec/
 verifies them with one full forward pass, accepts, rolls the cache back and times everything.
 Autoregressive decoding is the drafter that proposes nothing. To add a method, subclass
 `Drafter` (or `ModelDrafter` when drafting runs a model step by step), declare its options with
-their defaults in `OPTIONS`, and register it in `sparsespec/methods/__init__.py`.
+their defaults in `OPTIONS`, and register it in `sparsespec/methods/__init__.py`. A new way of
+choosing the sparse draft's KV positions is not a drafter but a policy: `sparsespec/methods/policies/`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import ExplicitAttentionHook
+from ..attention import ExplicitAttentionHook, ObservedPrefillHook
 from ..cache import PreallocatedCache
 from ..draft_weights import DRAFT_WEIGHTS, draft_model, resolve_draft_weights
 from ..errors import ConfigError
@@ -56,7 +57,6 @@ class Draft:
 class Drafter:
     name: ClassVar[str] = ""
     OPTIONS: ClassVar[dict] = {}               # option -> default; validated by `resolve_options`
-    records_attention: bool = False            # verification should record attention probabilities
     drafts: ClassVar[bool] = True              # False only for AR: it proposes nothing, takes no controller options
     default_controller: ClassVar[str] = "fixed"
     controllers: ClassVar[tuple[str, ...]] = ("fixed", "entropy", "heuristic")
@@ -76,9 +76,16 @@ class Drafter:
         return {**cls.OPTIONS, **options}
 
     # --- hooks the loop calls; defaults do nothing ------------------------------------------
+    def prefill_observers(self) -> list:
+        """Observers of the prefill forward, each called `(layer_idx, query, key, visible_or_None,
+        scaling)` per layer; they compute statistics and never change the output."""
+        return []
+
     def prefill_hook(self):
-        """An attention hook for the prefill forward, or None."""
-        return None
+        """An attention hook for the prefill forward, or None: SDPA once, fanned out to every
+        observer (observers of several drafters can share one `ObservedPrefillHook`)."""
+        observers = self.prefill_observers()
+        return ObservedPrefillHook(observers) if observers else None
 
     def after_prefill(self, state: DecodeState, hook) -> None:
         pass

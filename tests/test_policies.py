@@ -1,0 +1,113 @@
+"""KV-selection policies: the registry finds them, a new one is one class, observers see what they should."""
+from __future__ import annotations
+
+import pkgutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import sparsespec
+from conftest import build_tiny, random_prompt
+from sparsespec.attention import ObservedPrefillHook
+from sparsespec.cache import PreallocatedCache
+from sparsespec.decode import sparsespec_attention
+from sparsespec.methods import METHODS, policies
+from sparsespec.methods.policies import POLICIES
+from sparsespec.methods.sparse_kv import SparseKVDrafter
+from sparsespec.sampling import Sampler
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle")
+
+
+# --- registry --------------------------------------------------------------------------------------
+def test_every_policy_module_registers_one_method_with_a_config():
+    modules = {m.name for m in pkgutil.iter_modules(policies.__path__)} - {"base"}
+    by_module = {cls.__module__.rsplit(".", 1)[-1]: name for name, cls in POLICIES.items()}
+    assert set(by_module) == modules                       # each module holds a registered policy
+    assert set(POLICY_METHODS) <= set(POLICIES)
+    for name, policy in POLICIES.items():
+        assert METHODS[name].policy_class is policy and METHODS[name].OPTIONS is policy.OPTIONS
+        assert (CONF / f"{name}.yaml").exists(), name
+
+
+def test_other_methods_stay_registered():
+    assert {"ar", "layerskip", "assisted", "pld"} <= set(METHODS)
+    assert METHODS["sparsespec"].default_controller == "entropy"
+
+
+def test_a_name_cannot_be_registered_twice():
+    with pytest.raises(TypeError, match="'streaming' is taken"):
+        type("AnotherStreaming", (policies.KVPolicy,), {"name": "streaming"})
+
+
+def test_a_new_policy_is_one_class():
+    """A policy written here (every other position, fixed) runs losslessly through the generic drafter."""
+    class EvenPositions(policies.KVPolicy):
+        OPTIONS = {"sink": 2, "recent": 4, "topk": 6}
+
+        def scores(self, layer):
+            return (torch.arange(4096) % 2 == 0).float().expand(2, 4096)
+
+    model, prompt = build_tiny("llama"), random_prompt(120)
+    drafter_cls = SparseKVDrafter.for_policy(EvenPositions)
+    ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=16, stop_at_eos=False)
+    drafter = drafter_cls(model, prompt_len=120, max_new_tokens=16, max_k=3, draft_weights="full",
+                          **drafter_cls.resolve_options({}))
+    positions = drafter.policy.select_positions(0, 120, 0)
+    assert positions.shape == (2, 12) and set(positions[0, 2:8].tolist()) <= set(range(2, 116, 2))
+    gen = run_drafter(model, prompt, drafter, new=16, k=3)
+    assert gen.tokens == ar.tokens
+
+
+def make_drafter(model, method, prompt_len, max_new_tokens=8, **options):
+    """The drafter `generate` would build, full draft weights unless said otherwise."""
+    cls = METHODS[method]
+    options = cls.resolve_options({"draft_weights": "full", **options} if "draft_weights" in cls.OPTIONS else options)
+    return cls(model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, max_k=4, **options)
+
+
+def run_drafter(model, prompt, drafter, new, k):
+    from sparsespec.decode import build_controller, decode
+    controller = build_controller({"controller": "fixed", "k": k})
+    with torch.inference_mode(), sparsespec_attention(model):
+        return decode(model, prompt.view(-1), drafter, controller, Sampler(), new, set())
+
+
+# --- observation -----------------------------------------------------------------------------------
+def test_one_prefill_fans_out_to_several_observers_and_changes_nothing():
+    """Observe-only: the prefill's logits are plain SDPA's, and each method's observer records
+    what it records in its own prefill."""
+    model, prompt = build_tiny("mistral"), random_prompt(100)     # 64-token window: masks are real
+    drafters = [make_drafter(model, m, 100, sink=2, recent=4, topk=8, obs_window=w)
+                for m, w in (("sparsespec", 16), ("snapkv_static", 5))]
+
+    def prefill(hook):
+        cache = PreallocatedCache(4, 128)
+        with torch.inference_mode(), sparsespec_attention(model):
+            return model(prompt, past_key_values=cache, use_cache=True, attn_hook=hook).logits
+
+    plain = prefill(None)
+    alone = []
+    for d in drafters:
+        assert prefill(d.prefill_hook()).equal(plain)
+        alone.append({k: v.clone() for k, v in d.policy.observed.items()})
+        d.policy.observed.clear()
+    shared = ObservedPrefillHook([o for d in drafters for o in d.prefill_observers()])
+    assert prefill(shared).equal(plain)
+    for d, own in zip(drafters, alone):
+        assert set(d.policy.observed) == set(range(4))
+        for layer in own:
+            assert torch.equal(d.policy.observed[layer], own[layer])
+    assert not torch.equal(drafters[0].policy.observed[0], drafters[1].policy.observed[0])   # 16 vs 5 queries
+
+
+@pytest.mark.parametrize("method, observes", [("sparsespec", True), ("snapkv_static", False),
+                                              ("streaming", False), ("oracle", False)])
+def test_only_policies_that_recycle_verification_observe_it(method, observes):
+    model = build_tiny("llama")
+    options = dict(sink=2, budget=20) if method == "streaming" else dict(sink=2, recent=4, budget=20)
+    drafter = make_drafter(model, method, 200, **options)
+    assert drafter.budget.total == 20
+    assert (drafter.verify_hook().observer is not None) == observes
