@@ -29,7 +29,6 @@ from sparsespec import lm_eval_stats
 from sparsespec.decode import CONTROLLER_OPTIONS, build_controller, split_options
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.methods import METHODS, method_names
-from sparsespec.selection import resolve_budget
 from sparsespec.models import load_model
 
 logger = logging.getLogger(__name__)
@@ -43,7 +42,6 @@ HFLM_ARGS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "k
 NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty": (1.0,),
                       "typical_p": (1.0,), "min_p": (None, 0.0), "num_return_sequences": (1,)}
 TUPLE_SEPARATORS = (":", "|", " ")
-NOMINAL_CONTEXT = 32768  # context at which a budget is checked before the real prompts are known
 
 
 @register_model("sparsespec")
@@ -126,7 +124,7 @@ def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
     if str(hf_args.get("batch_size", 1)).startswith("auto"):
         raise ConfigError("batch_size=auto is not supported by the sparsespec model; "
                           "give an integer (it batches log-likelihood requests only)")
-    validate_options(method, options, context=hf_args.get("max_length") or NOMINAL_CONTEXT)
+    validate_options(method, options)
     return method, hf_args, options
 
 
@@ -147,16 +145,11 @@ def sequence_option_names(method: str) -> frozenset[str]:
     return frozenset({"candidates"} | {k for k, v in defaults.items() if isinstance(v, (list, tuple))})
 
 
-def validate_options(method: str, options: dict, context: int = NOMINAL_CONTEXT) -> None:
-    """Raise ConfigError for a bad option value now, before the model loads.
-
-    Checks what needs no model: the controller and its values, and the drafter's budget at a nominal
-    context (a budget too small for the real context is still reported, by `sparsespec.generate`)."""
-    controller_options, drafter_options = split_options(method, options)
+def validate_options(method: str, options: dict) -> None:
+    """Raise ConfigError for a bad option value now, before the model loads: the controller and its
+    values, and the drafter's own (a budget needs no context: one that does not fit gives a dense draft)."""
+    controller_options, _ = split_options(method, options)
     build_controller(controller_options)
-    if "budget" in drafter_options:
-        resolve_budget(context, context, sink=drafter_options.get("sink", 0), recent=drafter_options.get("recent", 0),
-                       topk=drafter_options.get("topk"), budget=drafter_options["budget"])
 
 
 def coerce_option(value, sequence: bool = False):

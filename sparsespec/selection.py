@@ -32,7 +32,7 @@ class Budget:
 
 def check_budget_options(options: dict) -> None:
     """One-line ConfigError for a bad sink / recent / topk / budget (whichever `options` holds);
-    needs no context."""
+    needs no context. A draft needs at least one position."""
     for name in ("sink", "recent"):
         value = options.get(name, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -41,6 +41,9 @@ def check_budget_options(options: dict) -> None:
     if topk is not None:
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:
             raise ConfigError(f"topk={topk!r} must be an integer >= 0 (or null to derive it from budget)")
+        if options.get("sink", 0) + options.get("recent", 0) + topk == 0:
+            raise ConfigError("sink=0 recent=0 topk=0 leaves the draft no position to attend to; "
+                              "raise one of them (or leave topk null and set budget)")
         return
     budget = options.get("budget")
     if "budget" in options and (not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0):
@@ -51,13 +54,18 @@ def resolve_budget(prompt_len: int, max_length: int, *, sink: int, recent: int, 
                    budget: float | int) -> tuple[Budget, str | None]:
     """(Budget, note). The draft's positions per layer and KV head: an explicit `topk` on top of
     sinks and recent, or a total `budget` (a fraction < 1 of the prompt, or a token count >= 1) of
-    which top-K gets what sinks and recent leave. `max_length`: the longest the context gets."""
-    if topk is not None:
-        return Budget(sink, recent, topk), None
-    total = round(budget * prompt_len) if budget < 1 else int(budget)
-    if total < sink + recent:
-        raise ConfigError(f"budget={budget!r} gives {total} tokens at context {prompt_len}, fewer than "
-                          f"sink+recent={sink + recent}; raise budget or lower sink/recent")
+    which top-K gets what sinks and recent leave.
+
+    Two cases give a dense draft (every position up to `max_length`, the longest the context gets)
+    and a note saying why, never an error: a budget that covers the whole prompt, and one too small
+    to hold sink + recent (a short prompt at a fractional budget)."""
+    total = sink + recent + topk if topk is not None else round(budget * prompt_len) if budget < 1 else int(budget)
+    dense = Budget(0, max_length, 0)
+    if total >= prompt_len:
+        return dense, f"{total} draft positions cover the whole {prompt_len}-token prompt: dense draft"
+    if total < max(sink + recent, 1):
+        return dense, (f"budget={budget!r} gives {total} positions at context {prompt_len}, fewer than "
+                       f"sink+recent={sink + recent}: dense draft")
     return Budget(sink, recent, total - sink - recent), None
 
 

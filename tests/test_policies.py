@@ -1,4 +1,5 @@
-"""KV-selection policies: the registry finds them, a new one is one class, observers see what they should."""
+"""KV-selection policies: the registry finds them, a new one is one class, observers see what they
+should, and the budget rules of #16 (a dense draft, said so, instead of a refusal)."""
 from __future__ import annotations
 
 import pkgutil
@@ -11,11 +12,13 @@ import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec.attention import ObservedPrefillHook
 from sparsespec.cache import PreallocatedCache
-from sparsespec.decode import sparsespec_attention
+from sparsespec.decode import sparsespec_attention, validate_options
+from sparsespec.errors import ConfigError
 from sparsespec.methods import METHODS, policies
 from sparsespec.methods.policies import POLICIES
 from sparsespec.methods.sparse_kv import SparseKVDrafter
 from sparsespec.sampling import Sampler
+from sparsespec.selection import Budget
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
 POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle")
@@ -111,3 +114,48 @@ def test_only_policies_that_recycle_verification_observe_it(method, observes):
     drafter = make_drafter(model, method, 200, **options)
     assert drafter.budget.total == 20
     assert (drafter.verify_hook().observer is not None) == observes
+
+
+# --- budget rules (#16) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("method", [m for m in POLICY_METHODS if m != "streaming"])   # streaming: no topk
+def test_no_position_at_all_is_a_one_line_config_error(method):
+    with pytest.raises(ConfigError, match="sink=0 recent=0 topk=0 leaves the draft no position") as err:
+        validate_options(method, dict(sink=0, recent=0, topk=0))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", POLICY_METHODS)
+def test_default_options_on_a_short_prompt_draft_dense_and_say_so(method):
+    """budget=0.1 of 100 tokens is 10 positions, fewer than sink+recent=68: dense draft, not an error."""
+    model, prompt = build_tiny("llama"), random_prompt(100, seed=5)
+    ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=20, stop_at_eos=False)
+    gen = sparsespec.generate(model, prompt, method=method, max_new_tokens=20, stop_at_eos=False)
+    assert gen.tokens == ar.tokens
+    if method == "streaming":                          # 4 sinks + 6 recent fit in 10 positions
+        assert "dense_draft" not in gen.options
+    else:
+        assert gen.options["dense_draft"] is True
+        assert gen.options["budget_note"] == ("budget=0.1 gives 10 positions at context 100, fewer than "
+                                              "sink+recent=68: dense draft")
+
+
+@pytest.mark.parametrize("over", [dict(topk=500), dict(budget=500)], ids=["topk", "budget"])
+def test_topk_and_budget_beyond_the_context_are_both_a_dense_draft(over):
+    model, prompt = build_tiny("llama"), random_prompt(100, seed=6)
+    ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=24, stop_at_eos=False)
+    gen = sparsespec.generate(model, prompt, method="sparsespec", controller="fixed", k=4, draft_weights="full",
+                              max_new_tokens=24, stop_at_eos=False, **over)
+    assert gen.tokens == ar.tokens
+    assert gen.acceptance_rate == 1.0                                            # dense: the target itself
+    assert gen.options["dense_draft"] is True and "cover the whole 100-token prompt" in gen.options["budget_note"]
+
+
+def test_a_sparse_budget_gets_no_note():
+    gen = sparsespec.generate(build_tiny("llama"), random_prompt(200), method="sparsespec", recent=8, budget=40,
+                              max_new_tokens=6, stop_at_eos=False)
+    assert "dense_draft" not in gen.options and "budget_note" not in gen.options
+
+
+def test_dense_budget_spans_the_whole_generation():
+    policy = make_drafter(build_tiny("llama"), "sparsespec", 50, max_new_tokens=64, budget=0.1).policy
+    assert policy.budget == Budget(0, 50 + 64, 0) and policy.budget_note
