@@ -15,13 +15,14 @@ from sparsespec.cache import PreallocatedCache
 from sparsespec.decode import sparsespec_attention, validate_options
 from sparsespec.errors import ConfigError
 from sparsespec.methods import METHODS, policies
+from sparsespec.methods.base import DecodeState
 from sparsespec.methods.policies import POLICIES
 from sparsespec.methods.sparse_kv import SparseKVDrafter
 from sparsespec.sampling import Sampler
 from sparsespec.selection import Budget
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
-POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle")
+POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle", "h2o")
 
 
 # --- registry --------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def test_one_prefill_fans_out_to_several_observers_and_changes_nothing():
     assert not torch.equal(drafters[0].policy.observed[0], drafters[1].policy.observed[0])   # 16 vs 5 queries
 
 
-@pytest.mark.parametrize("method, observes", [("sparsespec", True), ("snapkv_static", False),
+@pytest.mark.parametrize("method, observes", [("sparsespec", True), ("h2o", True), ("snapkv_static", False),
                                               ("streaming", False), ("oracle", False)])
 def test_only_policies_that_recycle_verification_observe_it(method, observes):
     model = build_tiny("llama")
@@ -114,6 +115,29 @@ def test_only_policies_that_recycle_verification_observe_it(method, observes):
     drafter = make_drafter(model, method, 200, **options)
     assert drafter.budget.total == 20
     assert (drafter.verify_hook().observer is not None) == observes
+
+
+def test_h2o_sums_prefill_and_the_kept_verification_queries_only():
+    model = build_tiny("llama")
+    drafter = make_drafter(model, "h2o", 10, sink=1, recent=1, topk=2)
+    policy = drafter.policy
+    policy.observed = {layer: torch.ones(2, 10) for layer in range(4)}          # prefill: (Hkv, N)
+    state = DecodeState(model=model, cache=None, ids=torch.zeros(20, dtype=torch.long), length=10,
+                        prompt_len=10, sampler=Sampler(), max_new_tokens=8)
+    policy.after_prefill(state)
+    probs = torch.zeros(1, 2, 2, 4, 14)                                          # (B, Hkv, G, q=4, N=14)
+    for i in range(4):
+        probs[0, :, :, i, 10 + i] = 1.0 + i                                      # query i -> its own position
+    probs[0, :, :, :, 3] += 0.5                                                  # every query -> position 3
+    for layer in range(4):
+        policy.observe_verification(layer, probs)
+    policy.after_verify(state, accepted=1)                                       # queries 0 and 1 kept
+    expected = torch.zeros(2, 20)
+    expected[:, :10] = 1.0
+    expected[:, 3] += 2 * 2 * 0.5                                                # 2 kept queries x G=2 heads
+    expected[:, 10], expected[:, 11] = 2 * 1.0, 2 * 2.0
+    assert torch.equal(policy.scores(0), expected)
+    assert policy.scores(0)[:, 12:].eq(0).all()                                  # rejected queries left nothing
 
 
 # --- budget rules (#16) ----------------------------------------------------------------------------
