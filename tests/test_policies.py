@@ -1,5 +1,5 @@
-"""KV-selection policies: the registry finds them, a new one is one class, observers see what they
-should, and the budget rules of #16 (a dense draft, said so, instead of a refusal)."""
+"""KV-selection policies: the registry finds them, observers see what they should, H2O and Quest
+select what the papers select, and the budget rules of #16 (dense instead of refusing)."""
 from __future__ import annotations
 
 import pkgutil
@@ -17,12 +17,13 @@ from sparsespec.errors import ConfigError
 from sparsespec.methods import METHODS, policies
 from sparsespec.methods.base import DecodeState
 from sparsespec.methods.policies import POLICIES
+from sparsespec.methods.policies.quest import QuestPolicy, page_key_bounds, page_upper_bounds
 from sparsespec.methods.sparse_kv import SparseKVDrafter
 from sparsespec.sampling import Sampler
 from sparsespec.selection import Budget
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
-POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle", "h2o")
+POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle", "h2o", "quest")
 
 
 # --- registry --------------------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def test_one_prefill_fans_out_to_several_observers_and_changes_nothing():
 
 
 @pytest.mark.parametrize("method, observes", [("sparsespec", True), ("h2o", True), ("snapkv_static", False),
-                                              ("streaming", False), ("oracle", False)])
+                                              ("streaming", False), ("quest", False), ("oracle", False)])
 def test_only_policies_that_recycle_verification_observe_it(method, observes):
     model = build_tiny("llama")
     options = dict(sink=2, budget=20) if method == "streaming" else dict(sink=2, recent=4, budget=20)
@@ -138,6 +139,98 @@ def test_h2o_sums_prefill_and_the_kept_verification_queries_only():
     expected[:, 10], expected[:, 11] = 2 * 1.0, 2 * 2.0
     assert torch.equal(policy.scores(0), expected)
     assert policy.scores(0)[:, 12:].eq(0).all()                                  # rejected queries left nothing
+
+
+# --- Quest -----------------------------------------------------------------------------------------
+def test_quest_page_bounds_match_brute_force():
+    g = torch.Generator().manual_seed(0)
+    hkv, group, n, d, size = 2, 3, 37, 8, 5
+    keys = torch.randn(hkv, n, d, generator=g, dtype=torch.float64)
+    query = torch.randn(hkv, group, d, generator=g, dtype=torch.float64)
+    low, high = page_key_bounds(keys, size)
+    bounds = page_upper_bounds(query, low, high)
+    pages = -(-n // size)
+    assert low.shape == high.shape == (hkv, pages, d)
+    for h in range(hkv):
+        for p in range(pages):
+            page = keys[h, p * size:(p + 1) * size]                              # (<= size, D), last partial
+            assert torch.equal(low[h, p], page.min(dim=0).values)
+            assert torch.equal(high[h, p], page.max(dim=0).values)
+            brute = sum(max(query[h, j, c] * low[h, p, c], query[h, j, c] * high[h, p, c])
+                        for j in range(group) for c in range(d))
+            assert bounds[h, p].item() == pytest.approx(brute.item(), rel=1e-12, abs=1e-12)
+            true_scores = page @ query[h].T                                      # (page, G): q . k per head
+            assert (true_scores.sum(dim=1) <= bounds[h, p] + 1e-12).all()        # an upper bound
+
+
+def quest_policy(model, prompt_len=200, **options):
+    return make_drafter(model, "quest", prompt_len, max_new_tokens=64, **options).policy
+
+
+class FakeCacheState:
+    """A DecodeState stand-in whose cache keys are random: (1, Hkv, capacity, D) per layer."""
+
+    def __init__(self, layers=2, hkv=2, capacity=300, d=8, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.cache = PreallocatedCache(layers, capacity)
+        for layer in self.cache.layers:
+            layer.lazy_initialization(torch.randn(1, hkv, 1, d, generator=g), torch.zeros(1, hkv, 1, d))
+            layer.keys.copy_(torch.randn(1, hkv, capacity, d, generator=g))
+        self.ids = torch.zeros(capacity, dtype=torch.long)
+        self.length = 0
+
+
+def test_quest_pages_follow_the_cache_as_it_grows_and_rolls_back():
+    policy = quest_policy(build_tiny("llama"), sink=4, recent=8, topk=32, page_size=16)
+    state = FakeCacheState()
+    state.length = 150
+    policy.after_prefill(state)
+    for length in (155, 160, 161, 158, 190, 176, 177, 240):                    # grow, roll back, grow
+        for layer in state.cache.layers:             # the loop (re)writes positions from the shorter length on
+            layer.keys[:, :, min(state.length, length):length] += 1.0
+        state.length = length
+        policy.after_verify(state, accepted=0)
+        for i, layer in enumerate(state.cache.layers):
+            low, high = page_key_bounds(layer.keys[0, :, :length], 16)
+            pages = low.shape[1]
+            assert torch.equal(policy.low[i][:, :pages], low), length
+            assert torch.equal(policy.high[i][:, :pages], high), length
+
+
+def test_quest_selects_sinks_recent_and_the_top_pages_by_bound():
+    policy = quest_policy(build_tiny("llama"), sink=4, recent=8, topk=40, page_size=16)   # 2 whole pages
+    state = FakeCacheState()
+    state.length = 200
+    policy.after_prefill(state)
+    g = torch.Generator().manual_seed(1)
+    for layer in range(2):
+        query = torch.randn(1, 4, 1, 8, generator=g)                             # 4 query heads, G = 2
+        positions = policy.select_for_query(layer, query, state.cache.layers[layer].keys[:, :, :200], None,
+                                            1.0, 200, 0)
+        keys = state.cache.layers[layer].keys[0, :, :200]
+        for h in range(2):
+            chosen = set(positions[h].tolist())
+            assert len(chosen) == positions.shape[1] == 4 + 32 + 8               # within the budget of 52
+            assert set(range(4)) <= chosen and set(range(192, 200)) <= chosen
+            # brute force: whole pages inside [4, 192) are pages 1..11; bound per page from the keys
+            q = query[0, 2 * h:2 * h + 2, 0]                                     # (G, D)
+            bounds = {}
+            for p in range(1, 12):
+                page = keys[h, p * 16:(p + 1) * 16]
+                lo, hi = page.min(dim=0).values, page.max(dim=0).values
+                bounds[p] = torch.maximum(q * lo, q * hi).sum().item()
+            best = sorted(bounds, key=bounds.get)[-2:]
+            assert chosen - set(range(4)) - set(range(192, 200)) == {p * 16 + i for p in best for i in range(16)}
+
+
+def test_quest_with_a_topk_share_smaller_than_a_page_keeps_sinks_and_recent():
+    policy = quest_policy(build_tiny("llama"), sink=2, recent=6, topk=10, page_size=16)
+    state = FakeCacheState()
+    state.length = 100
+    policy.after_prefill(state)
+    positions = policy.select_for_query(0, torch.randn(1, 4, 1, 8), state.cache.layers[0].keys[:, :, :100],
+                                        None, 1.0, 100, 0)
+    assert positions[0].tolist() == [0, 1, 94, 95, 96, 97, 98, 99]
 
 
 # --- budget rules (#16) ----------------------------------------------------------------------------
@@ -181,5 +274,5 @@ def test_a_sparse_budget_gets_no_note():
 
 
 def test_dense_budget_spans_the_whole_generation():
-    policy = make_drafter(build_tiny("llama"), "sparsespec", 50, max_new_tokens=64, budget=0.1).policy
+    policy = quest_policy(build_tiny("llama"), prompt_len=50, sink=4, recent=64, budget=0.1)
     assert policy.budget == Budget(0, 50 + 64, 0) and policy.budget_note
