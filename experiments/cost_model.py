@@ -11,7 +11,7 @@ with the engine's `Stopwatch`, which synchronises the GPU):
 - C_AR: one AR round = one decode step (1 token) over the full cache, greedy pick included;
 - C_d: one sparse draft step (the `sparsespec` drafter, budget 10% of the context) over the
   gathered draft cache of M + up to k positions, per step of a k-step round;
-- C_v(k): one verification of k+1 tokens over the full cache, recording attention (RecordingHook);
+- C_v(k): one verification of k+1 tokens over the full cache, recording attention (sparsespec's verification observer);
 - select: the per-round top-K selection and gather that fills the draft cache.
 
 Each is the median of `--reps` rounds after two warm-up rounds; the cache is rolled back to the
@@ -117,7 +117,7 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
                               options=resolve("sparsespec", {"budget": budget}).drafter_options)
         # stand-in for the prefill observation window: random scores pick the first round's top-K;
         # from the first verification on, the recorded attention replaces them (the real path)
-        drafter.scores = [torch.rand(config.num_key_value_heads, state.ids.shape[0], device=device)
+        drafter.policy.importance = [torch.rand(config.num_key_value_heads, state.ids.shape[0], device=device)
                           for _ in range(num_decoder_layers(model))]
         rounds = time_rounds(state, drafter, make_controller("fixed", k=k), reps=reps)
         assert all(r.drafted == k and r.draft_steps == k for r in rounds), "a round drafted fewer than k tokens"

@@ -4,15 +4,20 @@
 hook, the layer runs transformers' own SDPA attention (prefill, plain decoding, drafting over a
 gathered draft cache). A hook replaces it for one forward:
 
-- `ObservationHook` (prefill): SDPA output, plus the attention that the last `window` prompt
-  queries pay to each position, reduced per KV head. It seeds the first round's top-K (SnapKV-style).
+- `ObservedPrefillHook` (prefill): SDPA output computed once, then every observer it was given
+  sees `(layer_idx, query, key, visible_or_None, scaling)` and keeps its own statistics (e.g. the
+  SnapKV observation window). Observers of several methods can share one prefill this way.
 - `ExplicitAttentionHook` (verification, every speculative method): attention computed explicitly
-  in packed-GQA form, out = P @ V. No `repeat_kv`, and no slow masked-SDPA fallback on CPU.
-- `RecordingHook` (SparseSpec-L's verification): the same, and sum_{queries, group heads} P is
-  recorded per layer and KV head. No second attention pass.
+  in packed-GQA form, out = P @ V. No `repeat_kv`, and no slow masked-SDPA fallback on CPU. An
+  optional observer receives P (B, Hkv, G, q, N) per layer (SparseSpec-L recycles it; no second
+  attention pass); without one, nothing extra is computed.
 - `attend_all` (drafting over a gathered draft cache): SDPA with no mask.
-- `OracleHook` (the oracle baseline's drafting): the true full attention of the draft query picks
-  the top-K positions per KV head, and the query then attends to those positions only.
+- `StaticDraftHook` (drafting over a fixed-shape draft cache): packed-GQA SDPA with a slot mask.
+- `QueryAwareDraftHook` (drafting over the full cache): a `select` callback picks, from this very
+  draft query, the cached positions each KV head attends to (oracle, Quest).
+
+Which positions a draft sees is decided by the KV-selection policies in
+`sparsespec/methods/policies/`; nothing here knows about any one policy.
 
 Shapes: query (B, H, q, D) after RoPE; key/value (B, Hkv, N, D) as the cache returned them;
 output (B, q, H, D). Query head h reads KV head h // G, G = H / Hkv.
@@ -23,6 +28,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .selection import gather_positions, window_start
 
 ATTN_IMPLEMENTATION = "sparsespec"
 
@@ -88,80 +95,96 @@ def apply_probs(probs, value, dtype) -> torch.Tensor:
     return out.view(b, hkv * g, q, -1).transpose(1, 2).contiguous()
 
 
+def attention_received(probs: torch.Tensor) -> torch.Tensor:
+    """(1, Hkv, G, q, N) probabilities -> (Hkv, N): the attention each position received, summed
+    over the queries and over the query heads of each KV group."""
+    return probs[0].sum(dim=(1, 2))
+
+
+def window_attention_received(query, key, visible, scaling, window: int) -> torch.Tensor:
+    """(Hkv, N): attention received from the last `window` queries (SnapKV's observation window).
+    `visible` is a bool mask (B|1, 1, q, N) or None for plain causal attention."""
+    q, n = query.shape[2], key.shape[2]
+    w = min(window, q)
+    visible = visible_keys(visible, q, n, query.device)[:, :, q - w:, :]
+    return attention_received(grouped_attention_probs(query[:, :, q - w:, :], key, visible, scaling))
+
+
+def grouped_sdpa(query, key, value, scaling, mask=None) -> torch.Tensor:
+    """SDPA in packed-GQA form: (B, H, q, D) queries over (B, Hkv, M, D) keys, no `repeat_kv`;
+    mask broadcastable to (B, Hkv, G*q, M) or None -> (B, q, H, Dv)."""
+    b, h, q, d = query.shape
+    hkv = key.shape[1]
+    qg = query.reshape(b, hkv, (h // hkv) * q, d)                           # (B, Hkv, G*q, D)
+    out = torch.nn.functional.scaled_dot_product_attention(qg, key, value, attn_mask=mask, scale=scaling)
+    return out.view(b, h, q, -1).transpose(1, 2).contiguous()              # (B, q, H, Dv)
+
+
 class ExplicitAttentionHook:
     """Verification of several tokens: attention from explicit probabilities in packed-GQA form.
 
     Every speculative method verifies this way, so they all pay the same verification. It is also
     the fast path on a CPU: SDPA with a mask over a long cache falls back to a slow kernel there
-    (SmolLM2, 5 queries over 8K: 623 ms for the whole verification against 152 ms this way)."""
+    (SmolLM2, 5 queries over 8K: 623 ms for the whole verification against 152 ms this way).
+
+    `observer(layer_idx, probs)`, if given, sees each layer's probabilities (B, Hkv, G, q, N)."""
+
+    def __init__(self, observer=None):
+        self.observer = observer
 
     def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
         q, n = query.shape[2], key.shape[2]
         visible = visible_keys(attention_mask, q, n, query.device)
         probs = grouped_attention_probs(query, key, visible, scaling)
-        self.record(module.layer_idx, probs)
+        if self.observer is not None:
+            self.observer(module.layer_idx, probs)
         return apply_probs(probs, value, query.dtype), None
 
-    def record(self, layer_idx: int, probs: torch.Tensor) -> None:
-        pass
 
+class ObservedPrefillHook:
+    """Prefill: transformers' SDPA output, computed once; then each observer sees
+    `(layer_idx, query, key, visible_or_None, scaling)` (visible: bool (B|1, 1, q, N), None when
+    the attention is plainly causal) and computes its own statistics. Observe only: no observer
+    changes the output, so one prefill can serve the observers of several methods."""
 
-class RecordingHook(ExplicitAttentionHook):
-    """Verification that also records per-layer position importance for the next round's top-K.
-
-    `scores[layer]` is (Hkv, N): attention received by each position, summed over the verification
-    queries and over the query heads of each KV group.
-    """
-
-    def __init__(self):
-        self.scores: dict[int, torch.Tensor] = {}
-
-    def record(self, layer_idx: int, probs: torch.Tensor) -> None:
-        self.scores[layer_idx] = probs[0].sum(dim=(1, 2))                # (Hkv, N)
-
-
-class ObservationHook:
-    """Prefill: SDPA output, plus the importance of each position seen from the last `window` queries."""
-
-    def __init__(self, window: int):
-        self.window = window
-        self.scores: dict[int, torch.Tensor] = {}
+    def __init__(self, observers):
+        self.observers = list(observers)
 
     def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        q, n = query.shape[2], key.shape[2]
-        w = min(self.window, q)
-        visible = visible_keys(attention_mask, q, n, query.device)[:, :, q - w:, :]
-        probs = grouped_attention_probs(query[:, :, q - w:, :], key, visible, scaling)
-        self.scores[module.layer_idx] = probs[0].sum(dim=(1, 2))
+        visible = None
+        if attention_mask is not None:
+            visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
+        for observe in self.observers:
+            observe(module.layer_idx, query, key, visible, scaling)
         return out, None
 
 
-class OracleHook:
-    """Drafting with the current step's true attention: keep sinks, the recent window and the top-K
-    positions of this very query's full attention (per KV head), renormalise over them.
+class QueryAwareDraftHook:
+    """Drafting over the full cache with a per-query selection: for each layer,
+    `select(layer_idx, query, key, visible, scaling, length, window_start)` returns the committed
+    positions (Hkv, M) in [window_start, length) this draft query attends to; this round's own
+    draft tokens (positions >= `length`, written into the full cache by the draft steps) are always
+    attended. `length` is set by the drafter at the start of each round.
 
-    It reads the whole cache, so it is an upper bound on selection quality, not a speed-up."""
+    The draft steps' K/V go into the full cache; the drafter rolls them back before verification."""
 
-    def __init__(self, sink: int, recent: int, topk: int):
-        self.sink, self.recent, self.topk = sink, recent, topk
+    def __init__(self, cache, select, windows):
+        self.cache, self.select, self.windows = cache, select, windows
+        self.length = 0
 
     def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
-        q, n = query.shape[2], key.shape[2]
-        visible = visible_keys(attention_mask, q, n, query.device)
-        probs = grouped_attention_probs(query, key, visible, scaling)      # (1, Hkv, G, 1, N)
-        budget = self.sink + self.recent + self.topk
-        if n > budget:
-            importance = probs[0].sum(dim=(1, 2))                          # (Hkv, N)
-            keep = torch.zeros_like(importance, dtype=torch.bool)
-            keep[:, :self.sink] = True
-            keep[:, n - self.recent:] = True
-            middle = importance[:, self.sink:n - self.recent]
-            top = middle.topk(self.topk, dim=-1).indices + self.sink
-            keep.scatter_(1, top, True)
-            probs = probs * keep.view(1, keep.shape[0], 1, 1, n)
-            probs = probs / probs.sum(dim=-1, keepdim=True)
-        return apply_probs(probs, value, query.dtype), None
+        layer = module.layer_idx
+        n = key.shape[2]                                                   # query sits at position n - 1
+        start = window_start(self.windows[layer], n - 1)
+        visible = None if attention_mask is None else visible_keys(attention_mask, query.shape[2], n, query.device)
+        positions = self.select(layer, query, key, visible, scaling, self.length, start)   # (Hkv, M)
+        full = self.cache.layers[layer]
+        keys, values = gather_positions(full.keys, full.values, positions)
+        drafted = slice(max(self.length, start), n)                        # this round's draft tokens
+        keys = torch.cat([keys, key[:, :, drafted]], dim=2)
+        values = torch.cat([values, value[:, :, drafted]], dim=2)
+        return grouped_sdpa(query, keys, values, scaling), None
 
 
 class StaticDraftHook:
@@ -174,15 +197,11 @@ class StaticDraftHook:
         self.cache = cache
 
     def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
-        b, h, q, d = query.shape                                        # q == 1 while drafting
-        hkv = key.shape[1]
+        hkv = key.shape[1]                                              # q == 1 while drafting
         layer = self.cache.layers[module.layer_idx]
         qpos = self.cache.query_position.view(1, 1)
         visible = (layer.positions >= 0) & (layer.positions <= qpos)    # (Hkv, C)
         window = kwargs.get("sliding_window")
         if window is not None:
             visible &= layer.positions > qpos - window
-        qg = query.reshape(b, hkv, (h // hkv) * q, d)                   # (B, Hkv, G, D)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            qg, key, value, attn_mask=visible.view(1, hkv, 1, -1), scale=scaling)
-        return out.view(b, h, q, -1).transpose(1, 2).contiguous(), None  # (B, q, H, Dv)
+        return grouped_sdpa(query, key, value, scaling, visible.view(1, hkv, 1, -1)), None

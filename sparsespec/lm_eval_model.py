@@ -28,7 +28,6 @@ import sparsespec
 from sparsespec import lm_eval_stats
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.method_options import coerce_options, option_names, resolve
-from sparsespec.methods.sparse_kv import resolve_budget
 from sparsespec.models import EMBEDDED_MODELS, load_model
 
 logger = logging.getLogger(__name__)
@@ -41,7 +40,6 @@ HFLM_ARGS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "k
 # that change nothing (greedy or plain sampling), so they can be ignored safely.
 NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty": (1.0,),
                       "typical_p": (1.0,), "min_p": (None, 0.0), "num_return_sequences": (1,)}
-NOMINAL_CONTEXT = 32768  # context at which a budget is checked before the real prompts are known
 
 
 @register_model("sparsespec")
@@ -125,11 +123,7 @@ def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
         raise ConfigError("batch_size=auto is not supported by the sparsespec model; "
                           "give an integer (it batches log-likelihood requests only)")
     options = coerce_options(method, options)
-    resolved = resolve(method, options).as_dict()
-    if "budget" in resolved:   # a budget too small for the real prompts is still reported by generate
-        context = hf_args.get("max_length") or NOMINAL_CONTEXT
-        resolve_budget(context, sink=resolved.get("sink", 0), recent=resolved.get("recent", 0),
-                       topk=resolved.get("topk"), budget=resolved["budget"])
+    resolve(method, options)   # every value checked now; a budget needs no context (too big: dense draft)
     return method, hf_args, options
 
 

@@ -5,7 +5,8 @@ Per layer and per KV head the draft sees M = sink + recent + topk positions of t
 - recent: the last `recent` positions [L - recent, L);
 - top-K: the `topk` highest-scoring positions in between, by the attention they received in the
   last verification pass (or the prefill observation window before the first round).
-When L <= M the draft is dense: every position, in order.
+When L <= M the draft is dense: every position, in order. Which positions fill the top-K share is the
+policy's choice (`sparsespec/methods/policies/`); the regions around it are decided here, once.
 For a sliding-window layer only positions inside the window are candidates (the target cannot see
 the others); when the window has moved past the sinks, their share goes to the recent window.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -27,25 +30,65 @@ class Budget:
         return self.sink + self.recent + self.topk
 
 
+def resolve_budget(prompt_len: int, max_length: int, *, sink: int, recent: int, topk: int | None,
+                   budget: float | int) -> tuple[Budget, str | None]:
+    """(Budget, note). The draft's positions per layer and KV head: an explicit `topk` on top of
+    sinks and recent, or a total `budget` (a fraction < 1 of the prompt, or a token count >= 1) of
+    which top-K gets what sinks and recent leave.
+
+    Two cases give a dense draft (every position up to `max_length`, the longest the context gets)
+    and a note saying why, never an error: a budget that covers the whole prompt, and one too small
+    to hold sink + recent (a short prompt at a fractional budget)."""
+    total = sink + recent + topk if topk is not None else round(budget * prompt_len) if budget < 1 else int(budget)
+    dense = Budget(0, max_length, 0)
+    if total >= prompt_len:
+        return dense, f"{total} draft positions cover the whole {prompt_len}-token prompt: dense draft"
+    if total < max(sink + recent, 1):
+        return dense, (f"budget={budget!r} gives {total} positions at context {prompt_len}, fewer than "
+                       f"sink+recent={sink + recent}: dense draft")
+    return Budget(sink, recent, total - sink - recent), None
+
+
+def draft_regions(length: int, budget: Budget, window_start: int = 0) -> tuple[int, int, int] | None:
+    """Where one layer's draft positions come from at context `length`: (sink, lo, hi) with sinks
+    [0, sink), candidates [lo, hi) for whatever the policy picks, recent [hi, length). None when
+    the budget holds every visible position (a dense draft)."""
+    if length - window_start <= budget.total:
+        return None
+    sink = budget.sink if window_start == 0 else 0             # the window moved past the sinks:
+    recent = budget.recent + budget.sink - sink                # their share goes to the recent window
+    return sink, window_start + sink, length - recent
+
+
+def dense_positions(hkv: int, length: int, window_start: int, device) -> torch.Tensor:
+    """(Hkv, length - window_start): every visible position, in order."""
+    return torch.arange(window_start, length, device=device).expand(hkv, length - window_start)
+
+
+def join_positions(sink: int, middle: torch.Tensor, hi: int, length: int) -> torch.Tensor:
+    """(Hkv, M): sinks [0, sink), the policy's picks `middle` (Hkv, K), recent [hi, length)."""
+    hkv, device = middle.shape[0], middle.device
+    parts = []
+    if sink:
+        parts.append(torch.arange(0, sink, device=device).expand(hkv, sink))
+    if middle.shape[-1]:
+        parts.append(middle)
+    if length > hi:
+        parts.append(torch.arange(hi, length, device=device).expand(hkv, length - hi))
+    return torch.cat(parts, dim=-1)
+
+
 def select_topk_positions(scores: torch.Tensor, length: int, budget: Budget, window_start: int = 0) -> torch.Tensor:
     """Positions for the draft of one layer: (Hkv, M) long, M = min(budget.total, length - window_start).
 
     scores: (Hkv, >= length) importance of each cached position (only [:length] is read)."""
-    hkv, device = scores.shape[0], scores.device
-    n = length - window_start
-    if n <= budget.total:
-        return torch.arange(window_start, length, device=device).expand(hkv, n)
-    sink = budget.sink if window_start == 0 else 0
-    recent = budget.recent + budget.sink - sink
-    lo, hi = window_start + sink, length - recent              # top-K candidates: [lo, hi)
-    parts = []
-    if sink:
-        parts.append(torch.arange(0, sink, device=device).expand(hkv, sink))
-    if budget.topk:
-        parts.append(scores[:, lo:hi].topk(budget.topk, dim=-1, sorted=False).indices + lo)
-    if recent:
-        parts.append(torch.arange(hi, length, device=device).expand(hkv, recent))
-    return torch.cat(parts, dim=-1)
+    regions = draft_regions(length, budget, window_start)
+    if regions is None:
+        return dense_positions(scores.shape[0], length, window_start, scores.device)
+    sink, lo, hi = regions
+    top = scores[:, lo:hi].topk(budget.topk, dim=-1, sorted=False).indices + lo if budget.topk \
+        else scores.new_empty(scores.shape[0], 0, dtype=torch.long)
+    return join_positions(sink, top, hi, length)
 
 
 def gather_positions(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):

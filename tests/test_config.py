@@ -184,10 +184,14 @@ def test_submitit_launchers_compose(hydra_conf):
     assert (cfg.hydra.launcher.partition, cfg.hydra.launcher.gpus_per_node) == ("gpu", 1)
 
 
+def test_budget_beyond_the_context_is_accepted(hydra_conf):
+    check_config(make("ctx=1k", "method.options.budget=5000"))     # a dense draft, noted in the run's options
+
+
 @pytest.mark.parametrize("overrides, fragment", [
     (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["ctx=8k", "max_new_tokens=500"], "exceeds model smollm2_135m's max_context=8192"),
-    (["ctx=1k", "method.options.budget=5000"], "budget=5000"),
+    (["method.options.sink=0", "method.options.recent=0", "method.options.topk=0"], "no position"),
     (["method.options.controller=magic"], "magic"),
     (["+method.options.bogus=1"], "bogus"),
     (["method=ar", "+method.options.budget=0.1"], "budget"),

@@ -17,7 +17,7 @@ def model():
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(method="nope"), ["unknown method 'nope'", "sparsespec"]),
-    (dict(method="sparsespec", budget=0.01), ["budget=0.01", "sink+recent"]),
+    (dict(method="sparsespec", sink=0, recent=0, topk=0), ["sink=0 recent=0 topk=0", "no position"]),
     (dict(method="sparsespec", topk=-1), ["topk=-1"]),
     (dict(method="sparsespec", sink=2.5), ["sink=2.5"]),
     (dict(method="sparsespec", bogus=1), ["unknown option", "bogus", "accepted"]),

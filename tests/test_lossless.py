@@ -30,6 +30,13 @@ CASES = {
     "snapkv_static": ("snapkv_static", dict(k=4, **MID_BUDGET)),
     "snapkv_static-entropy": ("snapkv_static", dict(controller="entropy", **TINY_BUDGET)),
     "oracle": ("oracle", dict(k=4, **TINY_BUDGET)),
+    "h2o-fixed-tiny": ("h2o", dict(controller="fixed", k=4, **TINY_BUDGET)),
+    "h2o-entropy-mid": ("h2o", dict(controller="entropy", **MID_BUDGET)),
+    "h2o-fixed-over": ("h2o", dict(controller="fixed", k=5, **OVER_BUDGET)),
+    "quest-fixed-tiny": ("quest", dict(controller="fixed", k=4, page_size=2, **TINY_BUDGET)),  # 2 pages of 2
+    "quest-fixed-mid": ("quest", dict(controller="fixed", k=4, **MID_BUDGET)),   # 16-token pages
+    "quest-entropy-mid": ("quest", dict(controller="entropy", page_size=4, **MID_BUDGET)),
+    "quest-fixed-over": ("quest", dict(controller="fixed", k=5, **OVER_BUDGET)),
     "layerskip": ("layerskip", dict(k=3, exit_layer=2)),
     "layerskip-entropy": ("layerskip", dict(controller="entropy", exit_layer=3)),
     "assisted-truncated": ("assisted", dict(k=4, draft_model="truncated:2")),

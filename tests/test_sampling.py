@@ -1,10 +1,18 @@
-"""Sampling keeps the target distribution: the rejection rule exactly, and the whole loop statistically."""
+"""Sampling keeps the target distribution: the rejection rule, and the whole loop of every method, exactly."""
 from __future__ import annotations
 
+import itertools
+from contextlib import contextmanager
+
+import pytest
 import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
+from sparsespec import sampling
+from sparsespec.decode import decode, sparsespec_attention
+from sparsespec.method_options import resolve
+from sparsespec.methods import METHODS
 from sparsespec.sampling import (Sampler, accept_sampling, acceptance_probability, residual_distribution,
                                  top_p_filter)
 
@@ -61,34 +69,161 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.allclose(top_p_filter(probs, 1.0), probs)
 
 
-def exact_second_token_marginal(model, prompt, temperature):
-    """P(token 2) = sum_t1 P(t1) P(t2 | t1), from the model's own logits."""
-    with torch.no_grad():
-        p1 = torch.softmax(model(prompt).logits[0, -1].double() / temperature, -1)
-        extended = torch.cat([prompt.repeat(p1.numel(), 1), torch.arange(p1.numel()).view(-1, 1)], dim=1)
-        p2 = torch.softmax(model(extended).logits[:, -1].double() / temperature, -1)
-    return p1 @ p2
+# --- the whole loop, exactly ----------------------------------------------------------------------
+# The loop's randomness all goes through its Sampler: `draw(probs)` and `uniform() < alpha`. A
+# sampler that *enumerates* those outcomes (each with the probability the loop itself gave it)
+# turns the output distribution of the real loop -- drafters, acceptance, rollbacks and all -- into
+# an exact sum over branches. It is compared with the model's own distribution of the first tokens,
+# enumerated over a 3-token vocabulary. No Monte Carlo noise: a bias far below 2% shows.
+
+VOCAB, NEW, PROMPT = 3, 4, 16        # 4 tokens: a round of k=2, then rounds after a rejection
+TOLERANCE = 1e-4                     # float32 logits through cache vs. one full forward: ~1e-7
+TINY_SPARSE = dict(sink=1, recent=2, topk=2, draft_weights="full")   # 5 of 16+ positions
+DRAFTING = {
+    "sparsespec": dict(controller="fixed", k=2, **TINY_SPARSE),
+    "snapkv_static": dict(k=2, **TINY_SPARSE),
+    "streaming": dict(k=2, sink=1, budget=3, draft_weights="full"),
+    "oracle": dict(k=2, sink=1, recent=2, topk=2),
+    "h2o": dict(k=2, **TINY_SPARSE),
+    "quest": dict(k=2, page_size=2, **TINY_SPARSE),
+    "layerskip": dict(k=2, exit_layer=1, draft_weights="full"),
+    "assisted": dict(k=2, draft_model="truncated:1"),
+    "pld": dict(k=2),
+}
 
 
-def test_speculative_sampling_matches_plain_sampling_distribution():
-    """Seeded: the second token's empirical distribution under sparsespec (tiny budget, so drafts
-    are often rejected) matches the model's exact marginal, as plain sampling does."""
-    model = build_tiny("llama", vocab_size=12)
-    prompt = random_prompt(80, seed=2, vocab=12)
-    exact = exact_second_token_marginal(model, prompt, temperature=1.0)
-    n = 600
-    for method, opts in (("ar", {}), ("sparsespec", dict(controller="fixed", k=3, sink=2, recent=4, topk=4))):
-        counts = torch.zeros(12, dtype=torch.float64)
-        rejected = 0
-        for seed in range(n):
-            gen = sparsespec.generate(model, prompt, method=method, max_new_tokens=3, temperature=1.0,
-                                      seed=seed, stop_at_eos=False, **opts)
-            counts[gen.tokens[1]] += 1
-            rejected += sum(r.drafted - r.accepted for r in gen.rounds)
-        tv = 0.5 * (counts / n - exact).abs().sum().item()
-        assert tv < 0.09, (method, tv)        # TV of 600 samples over 12 outcomes is ~0.04 by chance
-        if method == "sparsespec":
-            assert rejected > n // 4          # the rejection path was exercised
+class UniformOutcome:
+    """What `Sampler.uniform()` returns while enumerating: `u < alpha` branches, true with weight alpha."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __lt__(self, alpha):
+        alpha = min(max(float(alpha), 0.0), 1.0)
+        return self.sampler.branch([alpha, 1.0 - alpha]) == 0
+
+
+class EnumeratingSampler(Sampler):
+    """Follows `path` (an option index per random choice), extending it with first options; records
+    the number of options at each choice and the product of the chosen options' probabilities."""
+
+    def __init__(self, path: list[int], **kwargs):
+        super().__init__(**kwargs)
+        self.path, self.options, self.weight = path, [], 1.0
+
+    def branch(self, weights: list[float]) -> int:
+        options = [i for i, w in enumerate(weights) if w > 1e-9]
+        depth = len(self.options)
+        if depth == len(self.path):
+            self.path.append(0)
+        self.options.append(len(options))
+        chosen = options[self.path[depth]]
+        self.weight *= weights[chosen]
+        return chosen
+
+    def draw(self, probs):
+        weights = probs.double() / probs.double().sum()          # torch.multinomial normalises too
+        return torch.tensor(self.branch(weights.tolist()), device=probs.device)
+
+    def uniform(self, device):
+        return UniformOutcome(self)
+
+
+@contextmanager
+def one_thread():
+    """Thread-count-dependent float sums could flip an alpha of exactly 1; one thread is also faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@torch.inference_mode()
+def loop_distribution(model, prompt, method, temperature=1.0, top_p=1.0, **options) -> dict[tuple, float]:
+    """Exact distribution of the first NEW tokens `method` emits: the loop run once per branch."""
+    resolved = resolve(method, options)
+    dist, path = {}, []
+    with one_thread():
+        while True:
+            sampler = EnumeratingSampler(path, temperature=temperature, top_p=top_p)
+            controller = resolved.make_controller()
+            drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=NEW,
+                                      max_k=controller.max_k, options=resolved.drafter_options)
+            with sparsespec_attention(model):
+                gen = decode(model, prompt.view(-1), drafter, controller, sampler, NEW, set())
+            dist[tuple(gen.tokens)] = dist.get(tuple(gen.tokens), 0.0) + sampler.weight
+            while path and path[-1] + 1 >= sampler.options[len(path) - 1]:   # next branch, depth first
+                path.pop()
+            if not path:
+                return dist
+            path[-1] += 1
+
+
+@torch.inference_mode()
+def model_distribution(model, prompt, temperature=1.0, top_p=1.0) -> dict[tuple, float]:
+    """P(x_1..x_NEW) = prod_t p(x_t | prompt, x_<t), every sequence in one batched forward."""
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW)))          # (V^NEW, NEW)
+    ids = torch.cat([prompt.view(1, -1).expand(len(seqs), -1), seqs], dim=1)
+    n = prompt.numel()
+    p = Sampler(temperature=temperature, top_p=top_p).probs(model(ids).logits[:, n - 1:n + NEW - 1]).double()
+    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=-1)              # (V^NEW,)
+    return {tuple(s): float(v) for s, v in zip(seqs.tolist(), probs)}
+
+
+def total_variation(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
+
+
+def marginal_tvs(a: dict, b: dict) -> list[float]:
+    """TV of each position's marginal."""
+    def marginal(d, t):
+        m = [0.0] * VOCAB
+        for x, w in d.items():
+            m[x[t]] += w
+        return m
+    return [0.5 * sum(abs(u - v) for u, v in zip(marginal(a, t), marginal(b, t))) for t in range(NEW)]
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab():
+    model = build_tiny("llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    prompt = random_prompt(PROMPT, seed=2, vocab=VOCAB)
+    return model, prompt, model_distribution(model, prompt)
+
+
+@pytest.mark.parametrize("method", ["ar", *DRAFTING])
+def test_loop_emits_exactly_the_model_distribution(tiny_vocab, method):
+    """The joint distribution of the first 4 tokens (so every position's marginal) is the model's."""
+    model, prompt, exact = tiny_vocab
+    dist = loop_distribution(model, prompt, method, **DRAFTING.get(method, {}))
+    assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)
+    tv = total_variation(dist, exact)
+    assert tv < TOLERANCE, (method, tv, marginal_tvs(dist, exact))
+
+
+def test_loop_with_temperature_and_top_p_emits_the_filtered_distribution(tiny_vocab):
+    model, prompt, _ = tiny_vocab
+    exact = model_distribution(model, prompt, temperature=0.7, top_p=0.8)
+    dist = loop_distribution(model, prompt, "sparsespec", temperature=0.7, top_p=0.8, **DRAFTING["sparsespec"])
+    assert total_variation(dist, exact) < TOLERANCE
+
+
+@pytest.mark.parametrize("bug", ["acceptance+2pts", "residual=p"])
+def test_the_exact_check_catches_a_biased_acceptance_rule(tiny_vocab, monkeypatch, bug):
+    """The check above must be able to fail: a rule that accepts 2 points too often, or resamples
+    from p instead of norm(max(0, p - q)) after a rejection, is caught, though its bias is small."""
+    model, prompt, exact = tiny_vocab
+    if bug == "acceptance+2pts":
+        correct = sampling.acceptance_probability
+        monkeypatch.setattr(sampling, "acceptance_probability", lambda p, q, t: min(1.0, correct(p, q, t) + 0.02))
+    else:
+        monkeypatch.setattr(sampling, "residual_distribution", lambda p, q: p)
+    dist = loop_distribution(model, prompt, "sparsespec", **DRAFTING["sparsespec"])
+    tv = total_variation(dist, exact)
+    assert tv > 100 * TOLERANCE, (bug, tv)
+    assert max(marginal_tvs(dist, exact)) < 0.05, bug        # a small bias, still far above the tolerance
 
 
 def test_sampling_is_reproducible_with_a_seed():

@@ -5,7 +5,7 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.attention import RecordingHook
+from sparsespec.attention import ExplicitAttentionHook, attention_received
 from sparsespec.cache import PreallocatedCache
 from sparsespec.decode import sparsespec_attention
 from sparsespec.selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
@@ -73,7 +73,8 @@ def test_recorded_scores_equal_eager_attention_reduced_per_kv_group():
         attn = model(prompt, output_attentions=True).attentions         # per layer (1, H, q, N)
     model.set_attn_implementation("sdpa")
     cache = PreallocatedCache(4, 64)
-    hook = RecordingHook()
+    recorded = {}
+    hook = ExplicitAttentionHook(lambda layer, probs: recorded.__setitem__(layer, attention_received(probs)))
     with torch.no_grad(), sparsespec_attention(model):
         model(prompt[:, :40], past_key_values=cache, use_cache=True)
         out = model(prompt[:, 40:], past_key_values=cache, use_cache=True, attn_hook=hook).logits
@@ -83,7 +84,7 @@ def test_recorded_scores_equal_eager_attention_reduced_per_kv_group():
     for layer, weights in enumerate(attn):
         g = 2                                                           # 4 query heads / 2 KV heads
         expected = weights[0, :, 40:, :].reshape(2, g, 10, 50).sum(dim=(1, 2))
-        assert torch.allclose(hook.scores[layer], expected, atol=1e-5)
+        assert torch.allclose(recorded[layer], expected, atol=1e-5)
 
 
 def test_one_round_runs_k_draft_forwards_and_one_verify_forward():

@@ -128,12 +128,10 @@ def resolved_options(method: str, options: dict) -> dict:
     return resolve(method, options).as_dict()   # one-line ConfigError on anything it rejects
 
 
-def check_method_options(method: str, options: dict, ctx: int) -> None:
-    """Known method, known options with valid values, and a draft budget that fits the context."""
-    budget = resolved_options(method, options).get("budget")
-    if isinstance(budget, (int, float)) and budget >= 1 and budget > ctx:
-        raise ConfigError(f"method.options.budget={budget!r} tokens does not fit ctx={ctx}; "
-                          f"use a fraction < 1 of the context or at most {ctx} tokens")
+def check_method_options(method: str, options: dict) -> None:
+    """Known method, known options with valid values. A draft budget larger than the context is
+    not an error: the draft is then dense (the run's resolved options say so)."""
+    resolved_options(method, options)
 
 
 def check_task(task: str, source: str) -> None:
@@ -174,4 +172,4 @@ def check_config(cfg: DictConfig) -> None:
     check_task_path(cfg.task.path)
     device_name(cfg.device)
     check_context_fits(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.max_context)
-    check_method_options(cfg.method.name, method_options(cfg), cfg.ctx)
+    check_method_options(cfg.method.name, method_options(cfg))

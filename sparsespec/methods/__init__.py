@@ -1,21 +1,22 @@
 """Registry of decoding methods: `method=<name>` in `sparsespec.generate` and in `conf/method/`.
 
-Where things go: a new drafting policy over the sparse KV is a subclass in `sparse_kv.py`; a new
-kind of drafter is a module here with a `Drafter` subclass, registered below."""
+Where things go: a new KV-selection policy for the sparse draft (what to observe, how to score, which
+positions to attend to) is one module in `policies/` with one `KVPolicy` subclass that names itself;
+it is found and registered here automatically. A new kind of drafter is a module here with a
+`Drafter` subclass (`base.py`), added to the list below. Either way, add `conf/method/<name>.yaml`."""
 from __future__ import annotations
 
 from .ar import AutoregressiveDrafter
 from .assisted import AssistedDrafter
 from .base import Drafter
 from .layerskip import LayerSkipDrafter
-from .oracle import OracleDrafter
 from .pld import PromptLookupDrafter
-from .sparse_kv import SnapKVStaticDrafter, SparseKVDrafter, StreamingDrafter
+from .policies import POLICIES
+from .sparse_kv import SparseKVDrafter
 
 METHODS: dict[str, type[Drafter]] = {
-    cls.name: cls
-    for cls in (AutoregressiveDrafter, SparseKVDrafter, StreamingDrafter, SnapKVStaticDrafter,
-                OracleDrafter, LayerSkipDrafter, AssistedDrafter, PromptLookupDrafter)
+    **{cls.name: cls for cls in (AutoregressiveDrafter, LayerSkipDrafter, AssistedDrafter, PromptLookupDrafter)},
+    **{name: SparseKVDrafter.for_policy(policy) for name, policy in POLICIES.items()},
 }
 
 

@@ -5,7 +5,8 @@ verifies them with one full forward pass, accepts, rolls the cache back and time
 Autoregressive decoding is the drafter that proposes nothing. To add a method, subclass
 `Drafter` (or `ModelDrafter` when drafting runs a model step by step), declare its options once
 as an `Options` dataclass (sparsespec/options.py: type, default, reason, check), and register it in
-`sparsespec/methods/__init__.py`.
+`sparsespec/methods/__init__.py`. A new way of choosing the sparse draft's KV positions is not a
+drafter but a policy: `sparsespec/methods/policies/`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import ExplicitAttentionHook
+from ..attention import ExplicitAttentionHook, ObservedPrefillHook
 from ..cache import PreallocatedCache
 from ..draft_weights import DRAFT_WEIGHTS, draft_model, resolve_draft_weights
 from ..options import NoOptions, OptionSet
@@ -57,7 +58,6 @@ class Draft:
 class Drafter:
     name: ClassVar[str] = ""
     Options: ClassVar[type[OptionSet]] = NoOptions   # declared once; checked by sparsespec/method_options.py
-    records_attention: bool = False            # verification should record attention probabilities
     drafts: ClassVar[bool] = True              # False only for AR: it proposes nothing, takes no controller options
     drafts_have_entropy: ClassVar[bool] = True # False: entropy-reading controllers do not apply (prompt lookup)
     default_controller: ClassVar[str] = "fixed"
@@ -71,9 +71,16 @@ class Drafter:
         self.resolved_options: dict = {}       # options whose value depends on the model (e.g. "auto")
 
     # --- hooks the loop calls; defaults do nothing ------------------------------------------
+    def prefill_observers(self) -> list:
+        """Observers of the prefill forward, each called `(layer_idx, query, key, visible_or_None,
+        scaling)` per layer; they compute statistics and never change the output."""
+        return []
+
     def prefill_hook(self):
-        """An attention hook for the prefill forward, or None."""
-        return None
+        """An attention hook for the prefill forward, or None: SDPA once, fanned out to every
+        observer (observers of several drafters can share one `ObservedPrefillHook`)."""
+        observers = self.prefill_observers()
+        return ObservedPrefillHook(observers) if observers else None
 
     def after_prefill(self, state: DecodeState, hook) -> None:
         pass
