@@ -412,6 +412,7 @@ def test_multirun_two_methods_by_two_contexts_through_submitit(tmp_path):
     assert all(j.name in result.stdout for j in jobs)              # the sweep report
 
 
+@pytest.mark.slow   # starts a subprocess
 def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     sweep = tmp_path / "sweep"
     result = cli(tmp_path, "-m", "ctx=60k,64k", "logger=none", f"hydra.sweep.dir={sweep}")
@@ -420,6 +421,7 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     assert len(list(sweep.glob("*/error.txt"))) == 2
 
 
+@pytest.mark.slow   # starts a subprocess
 @pytest.mark.parametrize("overrides, expected", [
     (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["model=llama3_8b", "ctx=1k"], "hf download meta-llama/Meta-Llama-3-8B-Instruct"),
@@ -427,7 +429,7 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     (["method.options.sink=0", "method.options.recent=0", "method.options.topk=0"], "leaves the draft no position"),
     (["task.source=arxiv"], "task.source='arxiv' is unknown"),
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
-    (["method=ar", "+method.options.k=4"], "method 'ar' drafts nothing, so it takes no controller option(s) ['k']"),
+    (["method=ar", "+method.options.k=4"], "method 'ar' drafts nothing, so it takes no option(s) ['k']"),
 ], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-no-position",
         "unknown-source", "unknown-option", "ar-controller-option"])
 def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):

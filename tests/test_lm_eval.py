@@ -114,12 +114,14 @@ def assert_one_line_error(returncode: int, stderr: str, message: str) -> None:
     assert last.startswith("python -m sparsespec.eval: error: ") and message in last, last
 
 
+@pytest.mark.slow   # starts a subprocess
 def test_cli_unknown_method_exits_2_with_one_line():
     done = run_cli("--model", "sparsespec", "--model_args", f"pretrained={EMBEDDED},method=nope",
                    "--include_path", str(TASKS_DIR), "--tasks", GEN_TASK, "--limit", "1")
     assert_one_line_error(done.returncode, done.stderr, "unknown method 'nope'; accepted: ['ar',")
 
 
+@pytest.mark.slow   # starts a subprocess
 @pytest.mark.parametrize("model_args, message", [
     ("method=sparsespec,budget=-3", "budget=-3"),
     ("method=sparsespec,colour=blue", "unknown model_arg 'colour'"),

@@ -124,6 +124,7 @@ def test_a_folder_transformers_cannot_load_is_one_line_error(tmp_path, config, e
         assert word in str(raised.value)
 
 
+@pytest.mark.slow   # starts a subprocess
 def test_hub_model_offline_says_how_to_get_it():
     """A fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported."""
     code = ("from sparsespec.models import load_model\n"

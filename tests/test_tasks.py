@@ -198,6 +198,7 @@ def test_a_malformed_local_file_names_the_file_and_line(tokenizer, tmp_path, nam
     assert f"{tmp_path / name} line {line} is not valid JSON" in str(error.value)
 
 
+@pytest.mark.slow   # starts a subprocess
 def test_hub_datasets_offline_say_how_to_get_them():
     """A fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported."""
     code = ("from sparsespec.tasks import load_prompts\n"
