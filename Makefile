@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test qwen clean-venv
+.PHONY: setup run test test-fast qwen clean-venv
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)
+
+# Everything but the tests marked slow (subprocesses, the real model).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # Optional second embedded model (Qwen2.5-Coder-0.5B GGUF, 478 MB), for contexts up to 32K.
 qwen: setup

@@ -19,6 +19,7 @@ import torch
 from . import attention
 from .cache import PreallocatedCache, num_decoder_layers
 from .controller import CONTROLLERS, make_controller
+from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .methods import METHODS
@@ -57,14 +58,6 @@ def as_prompt_tensor(input_ids, device) -> torch.Tensor:
     if ids.dim() != 1 or ids.numel() == 0:
         raise ConfigError(f"input_ids must be one non-empty prompt, shape (L,) or (1, L); got {tuple(ids.shape)}")
     return ids.to(device)
-
-
-def eos_ids(model, eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
 
 
 def split_options(method: str, options: dict) -> tuple[dict, dict]:
@@ -143,7 +136,7 @@ def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: in
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
-    stop_ids = eos_ids(model, eos_token_id) if stop_at_eos else set()
+    stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
 
     with sparsespec_attention(model):
         gen = decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids)
@@ -246,9 +239,6 @@ def verify_logits(model, **inputs) -> torch.Tensor:
 
 def cut_at_eos(emitted: list[int], stop_ids: set[int], round_: Round) -> list[int]:
     """Drop what follows an EOS; the round's `emitted` count follows."""
-    for i, t in enumerate(emitted):
-        if t in stop_ids:
-            emitted = emitted[:i + 1]
-            break
+    emitted = through_eos(emitted, stop_ids)
     round_.emitted = len(emitted)
     return emitted

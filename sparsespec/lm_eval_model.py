@@ -27,6 +27,7 @@ from tqdm import tqdm
 import sparsespec
 from sparsespec import lm_eval_stats
 from sparsespec.decode import CONTROLLER_OPTIONS, build_controller, split_options
+from sparsespec.eos import eos_token_ids
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.methods import METHODS, method_names
 from sparsespec.methods.sparse_kv import resolve_budget
@@ -92,9 +93,7 @@ class SparseSpecLM(HFLM):
 
     def stop_token_ids(self) -> list[int]:
         """The tokens that end HF generation here: the generation config's EOS and lm-eval's EOT."""
-        configured = getattr(self.model.generation_config, "eos_token_id", None)
-        ids = configured if isinstance(configured, (list, tuple)) else [configured]
-        return sorted({int(i) for i in ids if i is not None} | {int(self.eot_token_id)})
+        return sorted(eos_token_ids(self.model, extra=[self.eot_token_id]))
 
     # --- reporting --------------------------------------------------------------------------
     def speculation_report(self) -> dict:

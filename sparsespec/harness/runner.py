@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
 
 from . import environment
@@ -84,20 +85,9 @@ def model_dtype(model) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
-def eos_ids(model) -> set[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-def text_of(tokens: list[int], tokenizer, eos: set[int]) -> str:
+def text_of(tokens: list[int], tokenizer, model) -> str:
     """The decoded output, up to and without the first EOS (decoding may run past it, for timing)."""
-    for i, token in enumerate(tokens):
-        if token in eos:
-            tokens = tokens[:i]
-            break
-    return tokenizer.decode(tokens, skip_special_tokens=True)
+    return tokenizer.decode(before_eos(tokens, eos_token_ids(model)), skip_special_tokens=True)
 
 
 def run_prompt(model, tokenizer, prompt, cfg: DictConfig, options: dict, seed: int) -> dict:
@@ -109,7 +99,7 @@ def run_prompt(model, tokenizer, prompt, cfg: DictConfig, options: dict, seed: i
         ref = decode(model, prompt, cfg, "ar", {}, seed, cfg.max_new_tokens)
     else:
         ref = None
-    text = text_of(gen.tokens, tokenizer, eos_ids(model))
+    text = text_of(gen.tokens, tokenizer, model)
     value = prompt.score(text) if prompt.reference is not None else None
     return build_sample(prompt=prompt, gen=gen, ref=ref, names=result_names(cfg), ctx=cfg.ctx, text=text,
                         score=value, greedy=cfg.temperature == 0)
