@@ -130,11 +130,16 @@ class ObservationHook:
     def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         q, n = query.shape[2], key.shape[2]
-        w = min(self.window, q)
-        visible = visible_keys(attention_mask, q, n, query.device)[:, :, q - w:, :]
-        probs = grouped_attention_probs(query[:, :, q - w:, :], key, visible, scaling)
-        self.scores[module.layer_idx] = probs[0].sum(dim=(1, 2))
+        self.observe(module.layer_idx, query, key, visible_keys(attention_mask, q, n, query.device), scaling)
         return out, None
+
+    def observe(self, layer_idx: int, query, key, visible, scaling) -> None:
+        """Score positions from the last `window` queries; `visible` is (B|1, 1, q, N) bool. Observe
+        only: the layer's output is computed elsewhere (once, when several observers share a prefill)."""
+        q = query.shape[2]
+        w = min(self.window, q)
+        probs = grouped_attention_probs(query[:, :, q - w:, :], key, visible[:, :, q - w:, :], scaling)
+        self.scores[layer_idx] = probs[0].sum(dim=(1, 2))
 
 
 class OracleHook:

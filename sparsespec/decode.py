@@ -1,6 +1,7 @@
 """`generate`: the one decode loop every method runs through.
 
-    prefill(prompt)                      -> full KV cache, first token
+    prefill(prompt)                      -> full KV cache, first token (one forward, shared by every
+                                            method decoding this prompt: `prefill()`, sparsespec/shared_prefill.py)
     repeat until max_new_tokens or EOS:
         k     = controller's draft length (capped by the tokens still wanted)
         draft = drafter proposes d_1..d_k (sparse KV, early exit, n-grams, ... or nothing for AR)
@@ -24,6 +25,7 @@ from .errors import ConfigError
 from .generation import Generation, Round
 from .methods import METHODS
 from .methods.base import DecodeState
+from .shared_prefill import Prefilled, run_prefill
 from .sampling import Sampler, accept_greedy, accept_sampling
 from .timing import Stopwatch
 
@@ -112,25 +114,71 @@ def build_controller(options: dict):
     return make_controller(name, **options)
 
 
-@torch.inference_mode()
-def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: int = 128,
-             temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-             stop_at_eos: bool = True, eos_token_id=None, **method_options) -> Generation:
-    """Decode one prompt with `method`; see the module docstring. Greedy when temperature == 0."""
+def build_method(model, prompt_len: int, method: str, max_new_tokens: int, options: dict):
+    """(drafter, controller, resolved options) of `method` for a prompt of `prompt_len` tokens."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; accepted: {sorted(METHODS)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    controller_opts, drafter_opts = split_options(method, options)
+    controller = build_controller(controller_opts)
+    drafter = METHODS[method](model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                              max_k=controller.max_k, **drafter_opts)
+    return drafter, controller, {**controller_opts, **drafter_opts}
+
+
+@torch.inference_mode()
+def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_tokens: int = 128) -> dict[str, Prefilled]:
+    """Prefill `input_ids` once for every method in `methods` (label -> (method, options)): one
+    forward, every drafter observing it (sparsespec/shared_prefill.py). Returns label -> `Prefilled`, which
+    `generate(model, input_ids, prefilled=...)` decodes from, once per label, in its own cache copy."""
+    prompt = as_prompt_tensor(input_ids, next(model.parameters()).device)
+    built = {label: build_method(model, prompt.numel(), method, max_new_tokens, dict(options))
+             for label, (method, options) in methods.items()}
+    hooks = {label: drafter.prefill_hook() for label, (drafter, _, _) in built.items()}
+    with sparsespec_attention(model):
+        shared = run_prefill(model, prompt, list(hooks.values()), capacity=prompt.numel(), exclusive=False)
+    return {label: Prefilled(shared=shared, method=methods[label][0], options=options, drafter=drafter,
+                             controller=controller, observation=hooks[label], max_new_tokens=max_new_tokens)
+            for label, (drafter, controller, options) in built.items()}
+
+
+def check_prefilled(prefilled: Prefilled, prompt: torch.Tensor, method, max_new_tokens, options: dict) -> None:
+    """`generate(prefilled=...)` decodes what was prefilled: the same prompt, method, options and
+    max_new_tokens, once."""
+    if prefilled.used:
+        raise ConfigError(f"this prefill of method {prefilled.method!r} was decoded already; each prefill "
+                          f"serves one generate() (prefill again for another run)")
+    if method not in (None, prefilled.method) or options:
+        raise ConfigError(f"generate(prefilled=...) decodes the method and options given to prefill() "
+                          f"({prefilled.method!r}); got method={method!r} and options {sorted(options)}")
+    if max_new_tokens not in (None, prefilled.max_new_tokens):
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} differs from the prefill's "
+                          f"{prefilled.max_new_tokens}; pass the same value to prefill() and generate()")
+    if not torch.equal(prompt, prefilled.shared.prompt):
+        raise ConfigError("input_ids differ from the prompt that was prefilled")
+
+
+@torch.inference_mode()
+def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int | None = None,
+             temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+             stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
+             **method_options) -> Generation:
+    """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
+    tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
+    `prefill()`), start from that shared prefill instead of running one; the method, its options and
+    max_new_tokens are the prefill's."""
     if temperature < 0:
         raise ConfigError(f"temperature={temperature!r} must be >= 0 (0 means greedy)")
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be in (0, 1]")
     device = next(model.parameters()).device
     prompt = as_prompt_tensor(input_ids, device)
-    controller_opts, drafter_opts = split_options(method, method_options)
-    controller = build_controller(controller_opts)
-    drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=max_new_tokens,
-                              max_k=controller.max_k, **drafter_opts)
+    if prefilled is None:
+        prefilled = prefill_alone(model, prompt, method or "sparsespec",
+                                  128 if max_new_tokens is None else max_new_tokens, method_options)
+    else:
+        check_prefilled(prefilled, prompt, method, max_new_tokens, method_options)
 
     generator = None
     if seed is not None:
@@ -139,50 +187,52 @@ def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: in
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
 
     with sparsespec_attention(model):
-        gen = decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids)
-    gen.method = method
-    gen.options = {**controller_opts, **drafter_opts, **drafter.resolved_options}
+        gen = decode_from(prefilled, sampler, stop_ids)
+    gen.method = prefilled.method
+    gen.options = {**prefilled.options, **prefilled.drafter.resolved_options}
     return gen
 
 
-def decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids) -> Generation:
-    device = prompt.device
-    # capacity: prompt + output + a full round of drafts written by verification before rollback
+def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict) -> Prefilled:
+    """The prefill of a method decoding alone: written straight into the cache it decodes in."""
+    drafter, controller, options = build_method(model, prompt.numel(), method, max_new_tokens, options)
+    hook = drafter.prefill_hook()
     capacity = prompt.numel() + max_new_tokens + controller.max_k + 2
-    state = DecodeState(model=model, cache=PreallocatedCache(num_decoder_layers(model), capacity),
-                        ids=torch.zeros(capacity, dtype=torch.long, device=device), length=0,
-                        prompt_len=prompt.numel(), sampler=sampler, max_new_tokens=max_new_tokens)
-    tokens: list[int] = []
+    with sparsespec_attention(model):
+        shared = run_prefill(model, prompt, [hook], capacity=capacity, exclusive=True)
+    return Prefilled(shared=shared, method=method, options=options, drafter=drafter, controller=controller,
+                     observation=hook, max_new_tokens=max_new_tokens)
+
+
+def decode_from(prefilled: Prefilled, sampler: Sampler, stop_ids: set[int]) -> Generation:
+    """Decode from a prefill: pick the first token from its logits, let the drafter absorb its
+    observation, then run rounds until max_new_tokens or EOS."""
+    prefilled.used = True
+    shared, drafter, controller = prefilled.shared, prefilled.drafter, prefilled.controller
+    prompt, n, max_new_tokens = shared.prompt, shared.prompt.numel(), prefilled.max_new_tokens
+    capacity = prefilled.capacity
+    state = DecodeState(model=drafter.model, cache=shared.cache_for(capacity),
+                        ids=torch.zeros(capacity, dtype=torch.long, device=prompt.device), length=n,
+                        prompt_len=n, sampler=sampler, max_new_tokens=max_new_tokens)
+    state.ids[:n] = prompt                 # the cache holds the prompt; ids[n] is the first new token
+
+    own_prefill = Stopwatch(prompt.device)  # this method's share of the prefill: its first token, its set-up
+    with own_prefill:
+        token, _ = sampler.pick(shared.logits)
+        state.ids[n] = token
+        drafter.after_prefill(state, prefilled.observation)
+    tokens: list[int] = [int(token)]
     rounds: list[Round] = []
 
-    prefill_watch = Stopwatch(device)
-    with prefill_watch:
-        first = prefill(state, prompt, drafter)
-    tokens.append(first)
-
-    timers = RoundTimers(device)
-    decode_watch = Stopwatch(device)
+    timers = RoundTimers(prompt.device)
+    decode_watch = Stopwatch(prompt.device)
     with decode_watch:
         while len(tokens) < max_new_tokens and not (stop_ids and tokens[-1] in stop_ids):
             rounds.append(decode_round(state, drafter, controller, timers, max_new_tokens - len(tokens)))
             emitted = state.ids[state.length - rounds[-1].emitted + 1:state.length + 1].tolist()
             tokens.extend(cut_at_eos(emitted, stop_ids, rounds[-1]))
-    return Generation(tokens=tokens, prefill_s=prefill_watch.seconds, decode_s=decode_watch.seconds,
-                      rounds=rounds, prompt_tokens=prompt.numel())
-
-
-def prefill(state: DecodeState, prompt: torch.Tensor, drafter) -> int:
-    """Run the prompt through the full model; fill the cache; choose the first token."""
-    n = prompt.numel()
-    state.ids[:n] = prompt
-    hook = drafter.prefill_hook()
-    out = state.model(input_ids=prompt.view(1, -1), past_key_values=state.cache, use_cache=True,
-                      attn_hook=hook, logits_to_keep=1)
-    token, _ = state.sampler.pick(out.logits[0, -1])
-    state.length = n                       # the cache holds the prompt; ids[n] is the first new token
-    state.ids[n] = token
-    drafter.after_prefill(state, hook)
-    return int(token)
+    return Generation(tokens=tokens, prefill_s=shared.seconds + own_prefill.seconds, decode_s=decode_watch.seconds,
+                      rounds=rounds, prompt_tokens=n)
 
 
 def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, wanted: int) -> Round:
