@@ -18,7 +18,8 @@ tokens (accepted + 1, the target's own token, fewer only when the output is cut)
 - C_v(k)           = mean verify seconds of the rounds that verified k drafts;
 - cost-model bound = tau * C_AR / (s * C_d + C_v): the speed-up the measured costs and acceptance
   allow if nothing but drafting and verification took time (tau = mean accepted, s = draft steps
-  per round, C_v = verify seconds per round); `bound_reached` = measured speed-up / bound.
+  per round, C_v = verify seconds per round), per prompt like the speed-up, and averaged over
+  prompts like it; `bound_reached` = mean speed-up / mean bound.
 """
 from __future__ import annotations
 
@@ -108,11 +109,35 @@ class MeanCI:
     high: float | None
 
 
-def t_quantile(p: float, dof: int) -> float:
-    """The p-quantile of Student's t with `dof` degrees of freedom."""
-    from scipy.stats import t   # lazy: only summaries need it
+def t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with an integer `dof` >= 1, in closed form (Abramowitz & Stegun
+    26.7.3-4): with theta = atan(t / sqrt(dof)) and c = cos^2(theta),
+    odd dof:  1/2 + (theta + sin(theta) cos(theta) (1 + 2/3 c + 2*4/(3*5) c^2 + ...)) / pi,
+    even dof: 1/2 + sin(theta)/2 (1 + 1/2 c + 1*3/(2*4) c^2 + ...), dof // 2 terms (odd: (dof-1)//2)."""
+    theta = math.atan(t / math.sqrt(dof))
+    c, sin = math.cos(theta) ** 2, math.sin(theta)
+    series, term = 0.0, 1.0
+    if dof % 2:
+        for j in range(1, (dof - 1) // 2 + 1):
+            series += term
+            term *= c * (2 * j) / (2 * j + 1)
+        inner = theta + (sin * math.cos(theta) * series if dof > 1 else 0.0)
+        return 0.5 + inner / math.pi
+    for j in range(1, dof // 2 + 1):
+        series += term
+        term *= c * (2 * j - 1) / (2 * j)
+    return 0.5 + sin * series / 2
 
-    return float(t.ppf(p, dof))
+
+def t_quantile(p: float, dof: int) -> float:
+    """The p-quantile (0.5 <= p < 1) of Student's t with integer `dof`, by bisection on `t_cdf`."""
+    low, high = 0.0, 1.0
+    while t_cdf(high, dof) < p:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, dof) < p else (low, mid)
+    return (low + high) / 2
 
 
 def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> MeanCI:
@@ -157,18 +182,23 @@ def cost_bound(tau: float, steps: float, c_ar_s: float, c_d: float, c_v: float, 
     return tau * c_ar_s / (steps * c_d + c_v + select_s)
 
 
-def cost_metrics(rounds: Iterable, c_ar_s: float | None, measured_speedup: float | None) -> dict:
-    """The measured costs of a method's rounds (pooled over prompts) and the bound they allow."""
+def cost_metrics(rounds: Iterable) -> dict:
+    """The measured costs of a method's rounds, pooled (over prompts, when given several)."""
+    rounds = list(rounds)
+    totals = round_totals(rounds)
+    return {"c_draft_s": c_draft(totals), "c_verify_s": ratio(totals.verify_s, totals.rounds),
+            "c_verify_s_by_k": c_verify_by_k(rounds) if rounds else {},
+            "select_s_per_round": ratio(totals.select_s, totals.rounds),
+            "draft_steps_per_round": ratio(totals.draft_steps, totals.rounds)}
+
+
+def prompt_bound(rounds: Iterable, c_ar_s: float | None) -> float | None:
+    """The cost-model bound of one prompt's decode: its tau, draft steps per round, C_d and C_v,
+    against the C_AR of AR on the same prompt; None when no draft step ran or there is no C_AR."""
     rounds = list(rounds)
     totals = round_totals(rounds)
     c_d = c_draft(totals)
-    c_v = ratio(totals.verify_s, totals.rounds)
-    steps = ratio(totals.draft_steps, totals.rounds)
-    out = {"c_ar_s": c_ar_s, "c_draft_s": c_d, "c_verify_s": c_v,
-           "c_verify_s_by_k": c_verify_by_k(rounds) if rounds else {},
-           "select_s_per_round": ratio(totals.select_s, totals.rounds),
-           "draft_steps_per_round": steps, "bound": None, "bound_reached": None}
-    if c_d is not None and c_ar_s is not None and c_v is not None:
-        out["bound"] = cost_bound(mean_accepted(totals.emitted, totals.rounds), steps, c_ar_s, c_d, c_v)
-        out["bound_reached"] = ratio(measured_speedup, out["bound"])
-    return out
+    if c_d is None or c_ar_s is None or not totals.rounds:
+        return None
+    return cost_bound(mean_accepted(totals.emitted, totals.rounds), totals.draft_steps / totals.rounds,
+                      c_ar_s, c_d, totals.verify_s / totals.rounds)

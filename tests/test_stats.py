@@ -56,18 +56,26 @@ def test_mean_ci_is_student_t_over_prompts():
     assert stats.mean_ci([1.0, float("nan"), 3.0]).n == 2
 
 
+@pytest.mark.parametrize("dof", [1, 2, 3, 4, 7, 10, 31, 120])
+def test_t_quantile_matches_scipy(dof):
+    scipy_t = pytest.importorskip("scipy.stats").t
+    assert stats.t_quantile(0.975, dof) == pytest.approx(scipy_t.ppf(0.975, dof), rel=1e-12)
+    for x in (-2.0, 0.3, 1.7):
+        assert stats.t_cdf(x, dof) == pytest.approx(scipy_t.cdf(x, dof), abs=1e-14)
+
+
 def test_cost_metrics_and_the_bound():
-    # two rounds of 4 drafts: 4 draft steps of 10 ms each, verify 50 ms; 3 and 5 tokens emitted
-    rounds = [rnd(4, 2, draft_s=0.04, verify_s=0.05), rnd(4, 4, draft_s=0.04, verify_s=0.05), rnd(2, 0, verify_s=0.03,
-                                                                                                draft_s=0.02)]
-    got = stats.cost_metrics(rounds, c_ar_s=0.02, measured_speedup=1.5)
-    assert got["c_draft_s"] == pytest.approx(0.01)
+    # 4 draft steps of 10 ms and a 50 ms verification, twice; one round of 2 steps and 30 ms
+    rounds = [rnd(4, 2, draft_s=0.04, verify_s=0.05), rnd(4, 4, draft_s=0.04, verify_s=0.05),
+              rnd(2, 0, draft_s=0.02, verify_s=0.03)]
+    got = stats.cost_metrics(rounds)
+    assert got["c_draft_s"] == pytest.approx(0.01) and got["c_verify_s"] == pytest.approx(0.13 / 3)
     assert got["c_verify_s_by_k"] == {2: pytest.approx(0.03), 4: pytest.approx(0.05)}
+    assert got["draft_steps_per_round"] == pytest.approx(10 / 3)
     tau, steps, c_v = 9 / 3, 10 / 3, 0.13 / 3
-    assert got["bound"] == pytest.approx(tau * 0.02 / (steps * 0.01 + c_v))
-    assert got["bound_reached"] == pytest.approx(1.5 / got["bound"])
-    no_draft = stats.cost_metrics([rnd(0, 0)], c_ar_s=0.02, measured_speedup=1.0)
-    assert no_draft["c_draft_s"] is None and no_draft["bound"] is None
+    assert stats.prompt_bound(rounds, c_ar_s=0.02) == pytest.approx(tau * 0.02 / (steps * 0.01 + c_v))
+    assert stats.prompt_bound([rnd(0, 0)], c_ar_s=0.02) is None           # nothing drafted by a model
+    assert stats.prompt_bound(rounds, c_ar_s=None) is None
     assert stats.cost_bound(tau=5.0, steps=4, c_ar_s=1.0, c_d=0.25, c_v=1.0) == 2.5
 
 
@@ -105,6 +113,8 @@ def test_summary_speedup_is_the_mean_over_prompts_with_its_interval():
     assert (m["speedup_vs_ar_ci95_low"], m["speedup_vs_ar_ci95_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
     assert m["acceptance_rate"] == pytest.approx(12 / 24) and m["mean_accepted"] == pytest.approx(3.0)
     assert m["c_ar_s"] == pytest.approx(13 / 18)                               # AR seconds per AR token
+    bounds = [stats.prompt_bound(g.rounds, a.decode_s / 6) for g, a in zip(method, ar)]
+    assert m["bound"] == pytest.approx(sum(bounds) / 3)                        # per prompt, then the mean
     assert m["bound_reached"] == pytest.approx(m["speedup_vs_ar"] / m["bound"])
 
 
