@@ -187,7 +187,7 @@ def cost_metrics(rounds: Iterable) -> dict:
     rounds = list(rounds)
     totals = round_totals(rounds)
     return {"c_draft_s": c_draft(totals), "c_verify_s": ratio(totals.verify_s, totals.rounds),
-            "c_verify_s_by_k": c_verify_by_k(rounds) if rounds else {},
+            "c_verify_s_by_k": {str(k): c for k, c in c_verify_by_k(rounds).items()},   # JSON keys
             "select_s_per_round": ratio(totals.select_s, totals.rounds),
             "draft_steps_per_round": ratio(totals.draft_steps, totals.rounds)}
 

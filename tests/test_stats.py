@@ -70,7 +70,8 @@ def test_cost_metrics_and_the_bound():
               rnd(2, 0, draft_s=0.02, verify_s=0.03)]
     got = stats.cost_metrics(rounds)
     assert got["c_draft_s"] == pytest.approx(0.01) and got["c_verify_s"] == pytest.approx(0.13 / 3)
-    assert got["c_verify_s_by_k"] == {2: pytest.approx(0.03), 4: pytest.approx(0.05)}
+    assert got["c_verify_s_by_k"] == {"2": pytest.approx(0.03), "4": pytest.approx(0.05)}
+    assert stats.c_verify_by_k(rounds) == {2: pytest.approx(0.03), 4: pytest.approx(0.05)}
     assert got["draft_steps_per_round"] == pytest.approx(10 / 3)
     tau, steps, c_v = 9 / 3, 10 / 3, 0.13 / 3
     assert stats.prompt_bound(rounds, c_ar_s=0.02) == pytest.approx(tau * 0.02 / (steps * 0.01 + c_v))

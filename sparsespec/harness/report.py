@@ -37,7 +37,7 @@ def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> 
     records[-1][method] = format_cell(metrics["acceptance_rate"], ".1%")
     lines = [header, markdown_table(records, columns, formats)]
     if has_ar:
-        lines.append(f"speed-up vs ar: {speedup_line(metrics)}")
+        lines.append(f"speedup vs ar: {speedup_line(metrics)}")
         matches = [s["outputs_match_ar"] for s in samples if s["outputs_match_ar"] is not None]
         if matches:
             lines.append(f"outputs match ar: {sum(matches)}/{len(matches)} prompts")
@@ -47,3 +47,36 @@ def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> 
         lines.append(f"task score (mean): {metrics['score_mean']:.3f}")
     lines.append(f"results: {folder}")
     return "\n".join(lines)
+
+
+BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-up (95% CI)",
+                 "mean_accepted": "tokens/round", "acceptance_rate": "acceptance", "outputs_match_ar": "match AR",
+                 "c_draft_ms": "C_d ms", "c_verify_ms": "C_v ms", "bound": "bound", "bound_reached": "reached",
+                 "prefill_s_mean": "prefill s"}
+
+
+def bench_row(entry: str, summary: dict) -> dict:
+    m = summary["metrics"]
+    ci = (f" ({m['speedup_vs_ar_ci95_low']:.2f}-{m['speedup_vs_ar_ci95_high']:.2f})"
+          if m.get("speedup_vs_ar_ci95_low") is not None else "")
+    row = {"method": entry, "tokens_per_s": format_cell(m["tokens_per_s"], ".2f"),
+           "speedup": f"{format_cell(m['speedup_vs_ar'], '.2f')}x{ci}",
+           "mean_accepted": format_cell(m["mean_accepted"], ".2f"),
+           "acceptance_rate": format_cell(m["acceptance_rate"], ".1%"),
+           "outputs_match_ar": format_cell(m["outputs_match_ar"], ".0%"),
+           "c_draft_ms": format_cell(m["c_draft_s"] and m["c_draft_s"] * 1e3, ".1f"),
+           "c_verify_ms": format_cell(m["c_verify_s"] and m["c_verify_s"] * 1e3, ".1f"),
+           "bound": format_cell(m["bound"], ".2f"), "bound_reached": format_cell(m["bound_reached"], ".0%"),
+           "prefill_s_mean": format_cell(m["prefill_s_mean"], ".2f")}
+    return {BENCH_COLUMNS[k]: v for k, v in row.items()}
+
+
+def format_bench_table(summaries: dict[str, dict], folder: str) -> str:
+    """One line per method of a side-by-side benchmark (AR first), then where the results are."""
+    first = next(iter(summaries.values()))["run"]
+    header = (f"benchmark on {first['model']} | {first['task']} ({first['source']}) | ctx {first['ctx']} | "
+              f"{first['num_prompts']} prompt(s) x {first['max_new_tokens']} new tokens; prefill shared by "
+              f"sparsespec's methods; C_AR {format_cell(next(iter(summaries.values()))['metrics']['c_ar_s'], '.4f')} s")
+    rows = [bench_row(entry, summary) for entry, summary in summaries.items()]
+    return "\n".join([header, markdown_table(rows, BENCH_COLUMNS.values()),
+                      f"results: {folder}/<method>/ (samples.jsonl, summary.json)"])
