@@ -22,12 +22,12 @@ def speedup_line(metrics: dict) -> str:
 def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> str:
     method = run["method"]
     has_ar = metrics["ar_tokens_per_s"] is not None and method != "ar"
-    shared = " (shared)" if run.get("prefill_shared") else ""
+    shared = ", shared" if run.get("prefill_shared") else ""
     header = (f"{method} on {run['model']} | {run['task']} ({run['source']}) | ctx {run['ctx']} "
               f"(~{format_cell(_mean_of(samples, 'context_tokens'), '.0f')} prompt tokens) | "
               f"{metrics['n_prompts']} prompt(s) x {run['max_new_tokens']} new tokens")
     rows = [("decode tokens/s", metrics["tokens_per_s"], metrics["ar_tokens_per_s"]),
-            (f"prefill s (mean){shared}", metrics["prefill_s_mean"], _mean_of(samples, "ar_prefill_s")),
+            (f"prefill s (mean{shared})", metrics["prefill_s_mean"], _mean_of(samples, "ar_prefill_s")),
             ("decode s (mean)", metrics["decode_s_mean"], _mean_of(samples, "ar_decode_s")),
             ("tokens per round", metrics["mean_accepted"], 1.0),
             ("acceptance rate", metrics["acceptance_rate"], None)]
