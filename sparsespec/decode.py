@@ -18,15 +18,14 @@ from contextlib import contextmanager
 import torch
 
 from . import attention
-from .cache import PreallocatedCache, num_decoder_layers
 from .controller import CONTROLLERS, make_controller
 from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .methods import METHODS
 from .methods.base import DecodeState
-from .shared_prefill import Prefilled, run_prefill
 from .sampling import Sampler, accept_greedy, accept_sampling
+from .shared_prefill import Prefilled, run_prefill
 from .timing import Stopwatch
 
 CONTROLLER_OPTIONS = {"controller", "k", "candidates", "prior_k", "warmup_k", "warmup_rounds",
