@@ -9,6 +9,7 @@ import pandas as pd
 
 from analysis.load import FIXED_K_METHODS
 from analysis.metrics import predicted_ratio
+from sparsespec import stats
 
 # Columns that identify a setting, carried onto the per-round and per-token frames.
 SETTING_COLUMNS = ["run", "experiment", "model", "task", "hardware", "ctx", "method", "controller",
@@ -53,12 +54,33 @@ def select_experiment(df: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
 
 
 def across_prompts(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
-    """Mean, standard deviation, standard error and count of `value` across prompts, per group."""
+    """Mean, standard deviation, standard error, count and the half-width of the Student-t 95%
+    confidence interval of the mean (`sparsespec.stats.mean_ci`; 0 below two prompts) of `value`
+    across prompts, per group."""
     grouped = df.dropna(subset=[value]).groupby(by, dropna=False)[value]
     out = grouped.agg(mean="mean", std="std", n="count").reset_index()
     out["std"] = out["std"].fillna(0.0)
     out["sem"] = out["std"] / np.sqrt(out["n"].clip(lower=1))
+    half_widths = grouped.apply(lambda values: _ci_half_width(values.tolist()))
+    out["ci95"] = half_widths.to_numpy() if len(out) else []
     return out
+
+
+def _ci_half_width(values: list[float]) -> float:
+    ci = stats.mean_ci(values)
+    return 0.0 if ci.high is None else (ci.high - ci.low) / 2
+
+
+def pooled_rates(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Acceptance rate and mean accepted length per group, pooled over every round of its samples
+    (`sparsespec.stats`, as the run summaries define them)."""
+    records = []
+    for key, group in df.groupby(by, dropna=False, sort=True):
+        totals = stats.round_totals(r for rounds in group["rounds"] for r in (rounds or []))
+        records.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))),
+                        "acceptance_rate": stats.acceptance_rate(totals.accepted, totals.drafted),
+                        "mean_accepted": stats.mean_accepted(totals.emitted, totals.rounds)})
+    return pd.DataFrame(records, columns=[*by, "acceptance_rate", "mean_accepted"])
 
 
 def rounds_frame(df: pd.DataFrame) -> pd.DataFrame:

@@ -32,9 +32,10 @@ SAMPLE_COLUMNS = ("prompt_id", "context_tokens", "new_tokens", "prefill_s", "dec
                   "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "score")
 TIME_SPLIT_KEYS = ("prefill", "draft", "verify", "select", "other")
 # summary.json "metrics", prefixed with "run_" (pooled over the run's prompts).
-METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_mean",
-               "speedup_vs_ar_std", "mean_accepted", "acceptance_rate", "prefill_s_mean",
-               "decode_s_mean", "outputs_match_ar", "score_mean")
+METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",
+               "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high", "mean_accepted", "acceptance_rate",
+               "prefill_s_mean", "decode_s_mean", "outputs_match_ar", "score_mean", "c_ar_s", "c_draft_s",
+               "c_verify_s", "select_s_per_round", "draft_steps_per_round", "bound", "bound_reached")
 
 COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s")
            + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)
@@ -114,16 +115,12 @@ def draft_length(options: dict, run: dict, controller: str | None) -> Any:
 
 
 def hardware_label(env: dict, run: dict) -> str:
-    """A short name of the machine the run timed: the GPU's name on a GPU, else the CPU's."""
+    """A short name of the machine the run timed (summary.json `env`, written by
+    sparsespec/harness/environment.py): the GPU's name on a GPU, else the CPU's."""
     device = str(run.get("device") or env.get("device") or "")
-    for key in ("gpu", "gpu_name", "cuda_device_name", "accelerator"):
-        if env.get(key):
-            if device.startswith("cuda") or not device:
-                return str(env[key])
-    for key in ("cpu", "cpu_name", "processor", "cpu_model", "platform"):
-        if env.get(key):
-            return str(env[key])
-    return device or "unknown"
+    if env.get("gpu") and (device.startswith("cuda") or not device):
+        return str(env["gpu"])
+    return str(env.get("cpu") or device or "unknown")
 
 
 def budget_fraction(budget: Any, context_tokens: Any) -> float:

@@ -2,7 +2,9 @@
 
 Every figure function takes the DataFrame and returns a list of (file stem, Figure), one per
 model x task; it raises `SkipFigure` with a one-line reason when its data is absent.
-Error bars are +-1 standard deviation across prompts unless the axis label says otherwise.
+Speed-ups are the mean over prompts with its Student-t 95% confidence interval
+(`sparsespec.stats`); other error bars are +-1 standard deviation across prompts. Acceptance
+rate and mean accepted length are pooled over rounds, as in every run summary.
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import paper
-from analysis.frames import (across_prompts, draft_tokens_frame, rounds_frame, select_experiment,
+from analysis.frames import (across_prompts, draft_tokens_frame, pooled_rates, rounds_frame, select_experiment,
                              setting_title, speculative, with_labels)
 from analysis.metrics import auc, predicted_ratio, roc_curve
+from sparsespec.stats import mean_ci
 
 FigureList = list[tuple[str, Figure]]
 
@@ -52,20 +55,23 @@ def context_axis(ax, contexts) -> None:
     ax.set_xlabel("context length (tokens, log scale)")
 
 
-def caption(fig: Figure, rows: pd.DataFrame, what: str) -> None:
+ERROR_BARS = {"std": "±1 s.d. across prompts", "ci95": "95% CI of the mean over prompts (Student t)"}
+
+
+def caption(fig: Figure, rows: pd.DataFrame, what: str, err: str = "std") -> None:
     prompts = rows.groupby("run")["prompt_id"].nunique()
     n = f"{prompts.min()}-{prompts.max()}" if len(prompts) and prompts.min() != prompts.max() else (
         f"{prompts.min()}" if len(prompts) else "0")
-    fig.suptitle(f"{what}\n{setting_title(rows)}\nerror bars: ±1 s.d. across prompts (n = {n} per point)",
+    fig.suptitle(f"{what}\n{setting_title(rows)}\nerror bars: {ERROR_BARS[err]} (n = {n} per point)",
                  fontsize=10)
 
 
-def errorbar_lines(ax, stats: pd.DataFrame, x: str, by: str) -> None:
-    """One errorbar line per value of `by` (stats from `across_prompts`)."""
+def errorbar_lines(ax, stats: pd.DataFrame, x: str, by: str, err: str = "std") -> None:
+    """One errorbar line per value of `by` (stats from `across_prompts`; `err` names the bars' column)."""
     for key, line in stats.groupby(by, sort=True):
         line = line.sort_values(x)
         ours = str(key) == "sparsespec"            # the method under study stands out
-        ax.errorbar(line[x], line["mean"], yerr=line["std"], marker="o", capsize=3, label=str(key),
+        ax.errorbar(line[x], line["mean"], yerr=line[err], marker="o", capsize=3, label=str(key),
                     linewidth=2.6 if ours else 1.4, zorder=5 if ours else 2)
 
 
@@ -80,12 +86,12 @@ def speedup_vs_context(df: pd.DataFrame) -> FigureList:
     for suffix, group in per_model_task(rows):
         fig, (ax,) = new_figure()
         stats = across_prompts(group, ["label", "ctx"], "speedup_vs_ar")
-        errorbar_lines(ax, stats, "ctx", "label")
+        errorbar_lines(ax, stats, "ctx", "label", err="ci95")
         ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ar (1.00×)")
         context_axis(ax, group["ctx"])
         ax.set_ylabel("decode speedup over AR (×, mean of prompts)")
         ax.legend(fontsize=8)
-        caption(fig, group, "Speedup vs context length")
+        caption(fig, group, "Speedup vs context length", err="ci95")
         figures.append((f"speedup_vs_context__{suffix}", fig))
     return figures
 
@@ -98,10 +104,14 @@ def acceptance_vs_context(df: pd.DataFrame) -> FigureList:
     figures = []
     for suffix, group in per_model_task(rows):
         fig, (left, right) = new_figure(ncols=2, width=5.2)
+        pooled = pooled_rates(group, ["label", "ctx"])           # points: pooled over rounds
         rate = across_prompts(group.assign(pct=group["acceptance_rate"] * 100), ["label", "ctx"], "pct")
+        rate = rate.drop(columns="mean").merge(pooled.assign(mean=pooled["acceptance_rate"] * 100), on=["label", "ctx"])
         errorbar_lines(left, rate, "ctx", "label")
-        left.set_ylabel("acceptance rate (% of drafted tokens)")
-        errorbar_lines(right, across_prompts(group, ["label", "ctx"], "mean_accepted"), "ctx", "label")
+        left.set_ylabel("acceptance rate (% of drafted tokens, pooled)")
+        length = across_prompts(group, ["label", "ctx"], "mean_accepted")
+        length = length.drop(columns="mean").merge(pooled.assign(mean=pooled["mean_accepted"]), on=["label", "ctx"])
+        errorbar_lines(right, length, "ctx", "label")
         right.set_ylabel("mean accepted length (tokens / round, bonus incl.)")
         for ax in (left, right):
             context_axis(ax, group["ctx"])
@@ -126,7 +136,7 @@ def fixed_k_ablation(df: pd.DataFrame) -> FigureList:
         stats = across_prompts(group, ["ctx", "k"], "speedup_vs_ar")
         for i, (ctx, line) in enumerate(stats.groupby("ctx", sort=True)):
             color = f"C{i}"
-            ax.errorbar(line["k"], line["mean"], yerr=line["std"], marker="o", capsize=3, color=color,
+            ax.errorbar(line["k"], line["mean"], yerr=line["ci95"], marker="o", capsize=3, color=color,
                         label=f"fixed k, ctx {int(ctx)}")
             _controller_band(ax, controlled, group, ctx, color)
         ax.plot(list(k for k in paper.FIXED_K_SPEEDUP if k), [v for k, v in paper.FIXED_K_SPEEDUP.items() if k],
@@ -137,21 +147,21 @@ def fixed_k_ablation(df: pd.DataFrame) -> FigureList:
         ax.set_xlabel("draft length k (tokens, fixed)")
         ax.set_ylabel("decode speedup over autoregressive (×)")
         ax.legend(fontsize=7)
-        caption(fig, group, "Fixed-k ablation vs the entropy controller")
+        caption(fig, group, "Fixed-k ablation vs the entropy controller", err="ci95")
         figures.append((f"fixed_k_ablation__{suffix}", fig))
     return figures
 
 
 def _controller_band(ax, controlled: pd.DataFrame, group: pd.DataFrame, ctx: float, color: str) -> None:
-    """The controller's mean speedup (+-1 s.d.) at the same model, task and context, if measured."""
+    """The controller's mean speedup (and its 95% CI) at the same model, task and context, if measured."""
     same = controlled[(controlled["model"] == group["model"].iloc[0]) &
                       (controlled["task"] == group["task"].iloc[0]) & (controlled["ctx"] == ctx)]
     if same.empty:
         return
-    mean, std = same["speedup_vs_ar"].mean(), same["speedup_vs_ar"].std(ddof=1)
-    std = 0.0 if np.isnan(std) else std
-    ax.axhline(mean, color=color, linestyle="--", label=f"controller, ctx {int(ctx)}")
-    ax.axhspan(mean - std, mean + std, color=color, alpha=0.12)
+    ci = mean_ci(same["speedup_vs_ar"].tolist())
+    ax.axhline(ci.mean, color=color, linestyle="--", label=f"controller, ctx {int(ctx)}")
+    if ci.low is not None:
+        ax.axhspan(ci.low, ci.high, color=color, alpha=0.12)
 
 
 def budget_ablation(df: pd.DataFrame) -> FigureList:
@@ -166,7 +176,7 @@ def budget_ablation(df: pd.DataFrame) -> FigureList:
                              pct=group["acceptance_rate"] * 100)
         fig, (left, right) = new_figure(ncols=2, width=5.2)
         errorbar_lines(left, across_prompts(group, ["series", "budget_pct"], "speedup_vs_ar"),
-                       "budget_pct", "series")
+                       "budget_pct", "series", err="ci95")
         left.set_ylabel("decode speedup over autoregressive (×)")
         errorbar_lines(right, across_prompts(group, ["series", "budget_pct"], "pct"), "budget_pct", "series")
         right.set_ylabel("acceptance rate (% of drafted tokens)")
@@ -174,7 +184,7 @@ def budget_ablation(df: pd.DataFrame) -> FigureList:
             ax.set_xlabel("draft budget (% of the KV cache)")
             ax.axvline(paper.SETTING["budget_frac"] * 100, color="0.6", linestyle=":", linewidth=1)
         left.legend(fontsize=8)
-        caption(fig, group, "Draft budget ablation (dotted: the paper's best, ~10%)")
+        caption(fig, group, "Draft budget ablation (dotted: the paper's best, ~10%; speed-up bars: 95% CI)")
         figures.append((f"budget_ablation__{suffix}", fig))
     return figures
 

@@ -1,5 +1,6 @@
-"""The paper's tables from the tidy results DataFrame: the method comparison (main-table style)
-and "paper vs measured"."""
+"""The paper's tables from the tidy results DataFrame: the method comparison (main-table style),
+the measured costs and the cost-model bound, and "paper vs measured". Every number is a run's own
+summary.json metric (`sparsespec.stats` defines them); tables are written by `sparsespec.tables`."""
 from __future__ import annotations
 
 import math
@@ -11,14 +12,17 @@ import pandas as pd
 
 from analysis import paper
 from analysis.frames import select_experiment, with_labels
+from sparsespec.tables import markdown_table
 
 METHOD_TABLE_COLUMNS = ["model", "task", "source", "hardware", "ctx", "method", "runs", "n_prompts", "tokens_per_s",
-                        "ar_tokens_per_s", "speedup", "speedup_mean", "speedup_std",
+                        "ar_tokens_per_s", "speedup", "speedup_ci95_low", "speedup_ci95_high", "speedup_std",
                         "acceptance_rate", "mean_accepted", "outputs_match_ar"]
 RUN_METRICS = {"tokens_per_s": "run_tokens_per_s", "ar_tokens_per_s": "run_ar_tokens_per_s",
-               "speedup": "run_speedup_vs_ar", "speedup_mean": "run_speedup_vs_ar_mean",
+               "speedup": "run_speedup_vs_ar", "speedup_ci95_low": "run_speedup_vs_ar_ci95_low",
+               "speedup_ci95_high": "run_speedup_vs_ar_ci95_high",
                "speedup_std": "run_speedup_vs_ar_std", "acceptance_rate": "run_acceptance_rate",
                "mean_accepted": "run_mean_accepted"}
+SETTING_KEYS = ["model", "task", "source", "hardware", "ctx", "method"]
 
 
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
@@ -33,20 +37,45 @@ def method_comparison(df: pd.DataFrame) -> pd.DataFrame:
     method. Each value is the run's own summary.json metric (the mean over runs when one setting
     was run several times, e.g. seeds)."""
     runs = per_run(select_experiment(df, ("method_comparison",)))
-    keys = ["model", "task", "source", "hardware", "ctx", "method"]
     records = []
-    for key, group in runs.groupby(keys, dropna=False, sort=True):
-        record = dict(zip(keys, key))
+    for key, group in runs.groupby(SETTING_KEYS, dropna=False, sort=True):
+        record = dict(zip(SETTING_KEYS, key))
         record["runs"] = len(group)
         record["n_prompts"] = int(group["run_n_prompts"].fillna(0).sum())
         record.update({name: group[column].mean() for name, column in RUN_METRICS.items()})
         record["outputs_match_ar"] = group["run_outputs_match_ar"].mean()   # fraction of prompts
         if record["method"] == "ar":                 # the reference itself; it drafts nothing
             record["speedup"] = 1.0 if math.isnan(record["speedup"]) else record["speedup"]
+            record["speedup_ci95_low"] = record["speedup_ci95_high"] = record["speedup"]
             record["acceptance_rate"] = math.nan
         records.append(record)
     table = pd.DataFrame(records, columns=METHOD_TABLE_COLUMNS)
     return _order_methods(table)
+
+
+# ---------------------------------------------------------------- measured costs
+
+COST_METRICS = {"speedup": "run_speedup_vs_ar", "speedup_ci95_low": "run_speedup_vs_ar_ci95_low",
+                "speedup_ci95_high": "run_speedup_vs_ar_ci95_high", "mean_accepted": "run_mean_accepted",
+                "outputs_match_ar": "run_outputs_match_ar", "c_ar_ms": "run_c_ar_s", "c_draft_ms": "run_c_draft_s",
+                "c_verify_ms": "run_c_verify_s", "draft_steps_per_round": "run_draft_steps_per_round",
+                "select_ms_per_round": "run_select_s_per_round", "bound": "run_bound",
+                "bound_reached": "run_bound_reached", "prefill_s": "run_prefill_s_mean"}
+MILLISECONDS = ("c_ar_ms", "c_draft_ms", "c_verify_ms", "select_ms_per_round")
+
+
+def measured_costs(df: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and method: the speed-up, the measured costs C_AR (AR seconds per token), C_d
+    (seconds per draft step), C_v (verify seconds per round) and select+gather per round, in ms,
+    and the cost-model bound with the share of it reached (the side-by-side benchmark's table)."""
+    runs = per_run(df)
+    records = []
+    for key, group in runs.groupby(SETTING_KEYS, dropna=False, sort=True):
+        record = {**dict(zip(SETTING_KEYS, key)), "runs": len(group)}
+        record.update({name: group[column].mean() for name, column in COST_METRICS.items()})
+        record.update({name: record[name] * 1e3 for name in MILLISECONDS})
+        records.append(record)
+    return _order_methods(pd.DataFrame(records, columns=[*SETTING_KEYS, "runs", *COST_METRICS]))
 
 
 def _order_methods(table: pd.DataFrame) -> pd.DataFrame:
@@ -160,20 +189,9 @@ def _brief_row(measured: pd.DataFrame, setting: tuple) -> dict:
 
 # ---------------------------------------------------------------- writing
 
-def to_markdown(table: pd.DataFrame, floatfmt: str = "{:.3g}") -> str:
-    """A GitHub Markdown table (no tabulate needed); NaN/None print as '–'."""
-    def cell(value) -> str:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "–"
-        if isinstance(value, float) and value.is_integer() and abs(value) >= 100:
-            return str(int(value))                   # context lengths, token counts
-        if isinstance(value, float):
-            return floatfmt.format(value)
-        return str(value).replace("|", "\\|")
-    header = "| " + " | ".join(map(str, table.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join([header, rule, *body]) + "\n"
+def to_markdown(table: pd.DataFrame) -> str:
+    """The table in GitHub Markdown (`sparsespec.tables.markdown_table`); NaN/None print as '–'."""
+    return markdown_table(table) + "\n"
 
 
 def write_table(table: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
@@ -203,5 +221,5 @@ def experiment_costs(df: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-TABLES = {"method_comparison": method_comparison, "paper_vs_measured": paper_vs_measured,
-          "experiment_costs": experiment_costs}
+TABLES = {"method_comparison": method_comparison, "measured_costs": measured_costs,
+          "paper_vs_measured": paper_vs_measured, "experiment_costs": experiment_costs}

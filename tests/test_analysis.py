@@ -20,7 +20,8 @@ from analysis.figures import main as figures_main
 from analysis.load import COLUMNS, load_results, load_wandb, rows_from_wandb_run, frame_from_rows
 from analysis.metrics import auc, predicted_ratio, roc_curve
 from analysis.plots import FIGURES
-from analysis.tables import method_comparison, paper_vs_measured
+from analysis.tables import measured_costs, method_comparison, paper_vs_measured
+from sparsespec.harness.results import aggregate
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL, TASK, CPU = "smollm2_135m", "summarization", "Synthetic CPU @ 2.0GHz"
@@ -87,24 +88,10 @@ def synthetic_sample(rng: random.Random, method: str, ctx: int, k: int | None, p
             "score": None}
 
 
-def pooled_metrics(samples: list[dict]) -> dict:
-    """summary.json "metrics" as CONTRACTS.md defines them (pooled, plus across-prompt mean/std)."""
-    tokens = sum(sum(r["emitted"] for r in s["rounds"]) for s in samples)
-    rounds = [r for s in samples for r in s["rounds"]]
-    drafted = sum(r["drafted"] for r in rounds)
-    tps = tokens / sum(s["decode_s"] for s in samples)
-    has_ar = samples[0]["ar_decode_s"] is not None
-    ar_tps = tokens / sum(s["ar_decode_s"] for s in samples) if has_ar else None
-    speedups = [s["speedup_vs_ar"] for s in samples if s["speedup_vs_ar"] is not None]
-    return {"n_prompts": len(samples), "tokens_per_s": tps, "ar_tokens_per_s": ar_tps,
-            "speedup_vs_ar": tps / ar_tps if has_ar else None,
-            "speedup_vs_ar_mean": float(np.mean(speedups)) if speedups else None,
-            "speedup_vs_ar_std": float(np.std(speedups, ddof=1)) if len(speedups) > 1 else None,
-            "mean_accepted": tokens / len(rounds), "acceptance_rate": sum(r["accepted"] for r in rounds) / drafted
-            if drafted else 0.0, "prefill_s_mean": float(np.mean([s["prefill_s"] for s in samples])),
-            "decode_s_mean": float(np.mean([s["decode_s"] for s in samples])),
-            "outputs_match_ar": None if not has_ar else float(np.mean([s["outputs_match_ar"] for s in samples])),
-            "score_mean": None}
+def real_env() -> dict:
+    """summary.json's `env` exactly as sparsespec/harness/environment.py writes it, on a named CPU."""
+    from sparsespec.harness.environment import collect
+    return {**collect(device="cpu", dtype="float32"), "cpu": CPU, "gpu": None}
 
 
 def write_run(run_dir: Path, method: str, ctx: int, experiment: str | None = None, seed: int = 0,
@@ -121,8 +108,7 @@ def write_run(run_dir: Path, method: str, ctx: int, experiment: str | None = Non
                        "seed": seed, "dtype": "float32", "device": "cpu", "temperature": 0.0,
                        "started": "2026-11-29T12:00:00+00:00",
                        "finished": f"2026-11-29T12:{int(wall_s) // 60:02d}:{int(wall_s) % 60:02d}+00:00"},
-               "metrics": pooled_metrics(samples), "config": config,
-               "env": {"python": "3.11", "torch": "2.13.0", "git_commit": "0" * 40, "cpu": CPU, "gpu": None}}
+               "metrics": aggregate(samples), "config": config, "env": ENV}
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -138,6 +124,7 @@ def write_sweep(root: Path, experiment: str, jobs: list[dict]) -> list[Path]:
     return [write_run(sweep / f"{i}_{job['method']}", experiment=experiment, **job) for i, job in enumerate(jobs)]
 
 
+ENV = real_env()
 CONTEXTS = [1000, 2000, 4000]
 SPEEDUP_METHODS = ["ar", "sparsespec", "streaming", "pld"]
 KS = [4, 8, 12, 16, 20]
@@ -370,7 +357,7 @@ def test_every_figure_is_written_as_png_and_pdf(figures_out):
 
 
 def test_tables_are_written_in_three_formats(figures_out):
-    for stem in ("method_comparison", "paper_vs_measured", "experiment_costs"):
+    for stem in ("method_comparison", "measured_costs", "paper_vs_measured", "experiment_costs"):
         for ext in ("csv", "md", "tex"):
             assert (figures_out / f"{stem}.{ext}").is_file(), f"missing {stem}.{ext}"
 
@@ -383,7 +370,8 @@ def test_method_table_has_a_row_per_setting_and_method(frame, figures_out):
     assert set(zip(ours["ctx"], ours["method"])) == expected
     assert len(table) == len(expected)
     markdown = (figures_out / "method_comparison.md").read_text().splitlines()
-    assert len(markdown) == 2 + len(expected) and markdown[0].startswith("| model | task |")
+    assert len(markdown) == 2 + len(expected)
+    assert [cell.strip() for cell in markdown[0].strip("|").split("|")][:2] == ["model", "task"]
 
 
 def test_table_value_equals_the_runs_summary_json(results, figures_out):
@@ -397,6 +385,25 @@ def test_table_value_equals_the_runs_summary_json(results, figures_out):
     assert row["speedup"] == pytest.approx(metrics["speedup_vs_ar"], rel=1e-12)
     assert row["acceptance_rate"] == pytest.approx(metrics["acceptance_rate"], rel=1e-12)
     assert row["n_prompts"] == metrics["n_prompts"]
+
+
+def test_speedup_interval_and_costs_in_the_tables_are_the_runs_summary_json(results, frame):
+    summary_path = next(p for p in results.rglob("summary.json")
+                        if json.loads(p.read_text())["run"]["method"] == "sparsespec"
+                        and json.loads(p.read_text())["run"]["ctx"] == 2000
+                        and json.loads(p.read_text())["config"]["method"]["options"]["budget"] is None)
+    metrics = json.loads(summary_path.read_text())["metrics"]
+    table = method_comparison(frame)
+    row = table[(table["method"] == "sparsespec") & (table["ctx"] == 2000)].iloc[0]
+    assert (row["speedup"], row["speedup_ci95_low"], row["speedup_ci95_high"]) == pytest.approx(
+        (metrics["speedup_vs_ar"], metrics["speedup_vs_ar_ci95_low"], metrics["speedup_vs_ar_ci95_high"]))
+    assert row["speedup_ci95_low"] < row["speedup"] < row["speedup_ci95_high"]
+    costs = measured_costs(frame)
+    row = costs[(costs["method"] == "sparsespec") & (costs["ctx"] == 2000)].iloc[0]
+    assert row["c_draft_ms"] == pytest.approx(metrics["c_draft_s"] * 1e3)
+    assert row["c_ar_ms"] == pytest.approx(metrics["c_ar_s"] * 1e3)
+    assert (row["bound"], row["bound_reached"]) == pytest.approx((metrics["bound"], metrics["bound_reached"]))
+    assert costs.loc[costs["method"] == "ar", "bound"].isna().all()      # AR drafts nothing: no bound
 
 
 def test_experiment_costs_add_up_the_runs_wall_time(results, figures_out):

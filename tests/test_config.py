@@ -48,7 +48,7 @@ def test_config_groups_hold_what_the_issue_names():
 def test_defaults(hydra_conf):
     cfg = make()
     assert (cfg.model.name, cfg.task.name, cfg.ctx, cfg.method.label, cfg.logger.name) == \
-        ("smollm2_135m", "summarization", 2000, "sparsespec", "wandb")
+        ("smollm2_135m", "summarization", 4000, "sparsespec", "wandb")
     assert resolved_options("sparsespec", method_options(cfg))["controller"] == "entropy"
     assert cfg.max_new_tokens == 128 and cfg.temperature == 0.0 and cfg.compare_ar is True
     assert cfg.task.source == "embedded" and cfg.model.embedded == "smollm2_135m"

@@ -7,6 +7,7 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "hydra-core",
@@ -73,3 +74,27 @@ def collect(*, device: str, dtype: str) -> dict:
         "device": device,
         "dtype": dtype,
     }
+
+
+NOISY_BUSY = 0.15   # share of all cores busy while this process sleeps: someone else is computing
+
+
+def cpu_busy_fraction(seconds: float = 2.0) -> float | None:
+    """Share of CPU time spent busy machine-wide over `seconds` while this process sleeps, from
+    /proc/stat (the load average would count this process's own recent work); None without it."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)        # idle + iowait, total
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except OSError:
+        return None
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def is_noisy(busy: float | None) -> bool | None:
+    """Whether other processes competed for the CPU (None when it could not be measured)."""
+    return None if busy is None else busy > NOISY_BUSY

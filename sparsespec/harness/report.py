@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-
-def _num(value, fmt: str = "{:.2f}") -> str:
-    return "-" if value is None else fmt.format(value)
+from sparsespec.tables import format_cell, markdown_table
 
 
 def _mean_of(samples: list[dict], key: str) -> float | None:
@@ -13,32 +11,72 @@ def _mean_of(samples: list[dict], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def speedup_line(metrics: dict) -> str:
+    """`1.38x (95% CI 1.30-1.46 over 5 prompts)`: the mean per-prompt speed-up and its interval."""
+    mean, low, high = (metrics.get(k) for k in ("speedup_vs_ar", "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high"))
+    interval = (f"95% CI {low:.2f}-{high:.2f} over {metrics['n_prompts']} prompts" if low is not None
+                else f"{metrics['n_prompts']} prompt: no interval below 2 prompts")
+    return f"{format_cell(mean, '.2f')}x ({interval})"
+
+
 def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> str:
     method = run["method"]
     has_ar = metrics["ar_tokens_per_s"] is not None and method != "ar"
+    shared = ", shared" if run.get("prefill_shared") else ""
     header = (f"{method} on {run['model']} | {run['task']} ({run['source']}) | ctx {run['ctx']} "
-              f"(~{_num(_mean_of(samples, 'context_tokens'), '{:.0f}')} prompt tokens) | "
+              f"(~{format_cell(_mean_of(samples, 'context_tokens'), '.0f')} prompt tokens) | "
               f"{metrics['n_prompts']} prompt(s) x {run['max_new_tokens']} new tokens")
-
-    def ar(text: str) -> str:
-        return text if has_ar else ""
-
-    rows = [("", method, ar("ar")),
-            ("decode tokens/s", _num(metrics["tokens_per_s"]), ar(_num(metrics["ar_tokens_per_s"]))),
-            ("prefill s (mean)", _num(metrics["prefill_s_mean"]), ar(_num(_mean_of(samples, "ar_prefill_s")))),
-            ("decode s (mean)", _num(metrics["decode_s_mean"]), ar(_num(_mean_of(samples, "ar_decode_s")))),
-            ("tokens per round", _num(metrics["mean_accepted"]), ar("1.00")),
-            ("acceptance rate", _num(metrics["acceptance_rate"], "{:.1%}"), "")]
-    width = max(len(r[0]) for r in rows) + 2
-    lines = [header] + [f"  {a:<{width}}{b:>12}{c:>12}" for a, b, c in rows]
+    rows = [("decode tokens/s", metrics["tokens_per_s"], metrics["ar_tokens_per_s"]),
+            (f"prefill s (mean{shared})", metrics["prefill_s_mean"], _mean_of(samples, "ar_prefill_s")),
+            ("decode s (mean)", metrics["decode_s_mean"], _mean_of(samples, "ar_decode_s")),
+            ("tokens per round", metrics["mean_accepted"], 1.0),
+            ("acceptance rate", metrics["acceptance_rate"], None)]
+    columns = ["", method] + (["ar"] if has_ar else [])
+    records = [dict(zip(columns, row)) for row in rows]
+    formats = {method: ".2f", "ar": ".2f"}
+    records[-1][method] = format_cell(metrics["acceptance_rate"], ".1%")
+    lines = [header, markdown_table(records, columns, formats)]
     if has_ar:
-        spread = (f" (per prompt {_num(metrics['speedup_vs_ar_mean'])} +/- {_num(metrics['speedup_vs_ar_std'])})"
-                  if metrics["speedup_vs_ar_std"] is not None else "")
-        lines.append(f"  {'speedup vs ar':<{width}}{_num(metrics['speedup_vs_ar'])}x{spread}")
+        lines.append(f"speedup vs ar: {speedup_line(metrics)}")
         matches = [s["outputs_match_ar"] for s in samples if s["outputs_match_ar"] is not None]
         if matches:
-            lines.append(f"  {'outputs match ar':<{width}}{sum(matches)}/{len(matches)} prompts")
+            lines.append(f"outputs match ar: {sum(matches)}/{len(matches)} prompts")
+    if metrics.get("bound") is not None:
+        lines.append(f"cost-model bound: {metrics['bound']:.2f}x ({metrics['bound_reached']:.0%} reached)")
     if metrics["score_mean"] is not None:
-        lines.append(f"  {'task score (mean)':<{width}}{_num(metrics['score_mean'], '{:.3f}')}")
-    lines.append(f"  results: {folder}")
+        lines.append(f"task score (mean): {metrics['score_mean']:.3f}")
+    lines.append(f"results: {folder}")
     return "\n".join(lines)
+
+
+BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-up (95% CI)",
+                 "mean_accepted": "tokens/round", "acceptance_rate": "acceptance", "outputs_match_ar": "match AR",
+                 "c_draft_ms": "C_d ms", "c_verify_ms": "C_v ms", "bound": "bound", "bound_reached": "reached",
+                 "prefill_s_mean": "prefill s"}
+
+
+def bench_row(entry: str, summary: dict) -> dict:
+    m = summary["metrics"]
+    ci = (f" ({m['speedup_vs_ar_ci95_low']:.2f}-{m['speedup_vs_ar_ci95_high']:.2f})"
+          if m.get("speedup_vs_ar_ci95_low") is not None else "")
+    row = {"method": entry, "tokens_per_s": format_cell(m["tokens_per_s"], ".2f"),
+           "speedup": f"{format_cell(m['speedup_vs_ar'], '.2f')}x{ci}",
+           "mean_accepted": format_cell(m["mean_accepted"], ".2f"),
+           "acceptance_rate": format_cell(m["acceptance_rate"], ".1%"),
+           "outputs_match_ar": format_cell(m["outputs_match_ar"], ".0%"),
+           "c_draft_ms": format_cell(m["c_draft_s"] and m["c_draft_s"] * 1e3, ".1f"),
+           "c_verify_ms": format_cell(m["c_verify_s"] and m["c_verify_s"] * 1e3, ".1f"),
+           "bound": format_cell(m["bound"], ".2f"), "bound_reached": format_cell(m["bound_reached"], ".0%"),
+           "prefill_s_mean": format_cell(m["prefill_s_mean"], ".2f")}
+    return {BENCH_COLUMNS[k]: v for k, v in row.items()}
+
+
+def format_bench_table(summaries: dict[str, dict], folder: str) -> str:
+    """One line per method of a side-by-side benchmark (AR first), then where the results are."""
+    first = next(iter(summaries.values()))["run"]
+    header = (f"benchmark on {first['model']} | {first['task']} ({first['source']}) | ctx {first['ctx']} | "
+              f"{first['num_prompts']} prompt(s) x {first['max_new_tokens']} new tokens; prefill shared by "
+              f"sparsespec's methods; C_AR {format_cell(next(iter(summaries.values()))['metrics']['c_ar_s'], '.4f')} s")
+    rows = [bench_row(entry, summary) for entry, summary in summaries.items()]
+    return "\n".join([header, markdown_table(rows, BENCH_COLUMNS.values()),
+                      f"results: {folder}/<method>/ (samples.jsonl, summary.json)"])

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+from sparsespec import stats
 from sparsespec.errors import ConfigError
 
 SAMPLES = "samples.jsonl"
@@ -65,12 +66,6 @@ def sample_key(sample: dict) -> tuple[str, str]:
 # one sample
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or not den:
-        return None
-    return num / den
-
-
 def build_sample(*, prompt, gen, ref, names: dict, ctx: int, text: str, score: float | None,
                  greedy: bool) -> dict:
     """One samples.jsonl line. `gen` is the method's Generation, `ref` the AR one (or None);
@@ -91,7 +86,7 @@ def build_sample(*, prompt, gen, ref, names: dict, ctx: int, text: str, score: f
         "ar_tokens_per_s": ref.tokens_per_s if ref else None,
         "ar_decode_s": ref.decode_s if ref else None,
         "ar_prefill_s": ref.prefill_s if ref else None,
-        "speedup_vs_ar": _ratio(gen.tokens_per_s, ref.tokens_per_s) if ref else None,
+        "speedup_vs_ar": stats.speedup(gen.tokens_per_s, ref.tokens_per_s) if ref else None,
         "outputs_match_ar": (gen.tokens == ref.tokens) if (ref is not None and ref is not gen and greedy) else None,
         "text": text,
         "reference": prompt.reference,
@@ -107,40 +102,44 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _std(values: list[float]) -> float | None:
-    """Sample standard deviation across prompts; None below two prompts."""
-    return statistics.stdev(values) if len(values) >= 2 else None
+def ar_decode_tokens(sample: dict) -> float:
+    """Decode tokens of the sample's AR reference (tokens/s x seconds: AR emits one per round)."""
+    return sample["ar_tokens_per_s"] * sample["ar_decode_s"]
 
 
 def aggregate(samples: list[dict]) -> dict:
-    """The summary metrics of docs/CONTRACTS.md. Throughputs are pooled: sum of tokens over sum of
-    seconds; the `_mean` / `_std` variants are across prompts. Nulls are left out of means."""
-    decode_tokens = sum(sum(r["emitted"] for r in s["rounds"]) for s in samples)
+    """The summary metrics of docs/CONTRACTS.md, every one from `sparsespec.stats`: throughputs
+    and the costs are pooled over prompts (sum of tokens over sum of seconds); the speed-up is the
+    mean of the per-prompt speed-ups with its 95% confidence interval, and the cost-model bound the
+    mean of the per-prompt bounds. Nulls are left out."""
+    totals = stats.round_totals(r for s in samples for r in s["rounds"])
     decode_s = sum(s["decode_s"] for s in samples)
-    rounds = sum(len(s["rounds"]) for s in samples)
-    drafted = sum(r["drafted"] for s in samples for r in s["rounds"])
-    accepted = sum(r["accepted"] for s in samples for r in s["rounds"])
     with_ar = [s for s in samples if s["ar_tokens_per_s"] is not None and s["ar_decode_s"] is not None]
-    ar_tokens = sum(s["ar_tokens_per_s"] * s["ar_decode_s"] for s in with_ar)
+    ar_tokens = sum(ar_decode_tokens(s) for s in with_ar)
     ar_s = sum(s["ar_decode_s"] for s in with_ar)
-    tokens_per_s = _ratio(decode_tokens, decode_s)
-    ar_tokens_per_s = _ratio(ar_tokens, ar_s)
-    speedups = [s["speedup_vs_ar"] for s in samples if s["speedup_vs_ar"] is not None]
+    speedup = stats.mean_ci([s["speedup_vs_ar"] for s in samples if s["speedup_vs_ar"] is not None])
+    bound = stats.mean_ci([stats.prompt_bound(s["rounds"], stats.c_ar(s["ar_decode_s"], ar_decode_tokens(s)))
+                           for s in with_ar]).mean
     matches = [s["outputs_match_ar"] for s in samples if s["outputs_match_ar"] is not None]
     scores = [s["score"] for s in samples if s["score"] is not None and not math.isnan(s["score"])]
     return {
         "n_prompts": len(samples),
-        "tokens_per_s": tokens_per_s,
-        "ar_tokens_per_s": ar_tokens_per_s,
-        "speedup_vs_ar": _ratio(tokens_per_s, ar_tokens_per_s) if with_ar else None,
-        "speedup_vs_ar_mean": _mean(speedups),
-        "speedup_vs_ar_std": _std(speedups),
-        "mean_accepted": _ratio(decode_tokens, rounds),
-        "acceptance_rate": _ratio(accepted, drafted) if drafted else 0.0,
+        "tokens_per_s": stats.tokens_per_s(totals.emitted, decode_s),
+        "ar_tokens_per_s": stats.tokens_per_s(ar_tokens, ar_s) if with_ar else None,
+        "speedup_vs_ar": speedup.mean,
+        "speedup_vs_ar_std": speedup.std,
+        "speedup_vs_ar_ci95_low": speedup.low,
+        "speedup_vs_ar_ci95_high": speedup.high,
+        "mean_accepted": stats.mean_accepted(totals.emitted, totals.rounds),
+        "acceptance_rate": stats.acceptance_rate(totals.accepted, totals.drafted),
         "prefill_s_mean": _mean([s["prefill_s"] for s in samples]),
         "decode_s_mean": _mean([s["decode_s"] for s in samples]),
         "outputs_match_ar": _mean([float(m) for m in matches]),
         "score_mean": _mean(scores),
+        "c_ar_s": stats.c_ar(ar_s, ar_tokens) if with_ar else None,
+        **stats.cost_metrics(r for s in samples for r in s["rounds"]),
+        "bound": bound,
+        "bound_reached": stats.ratio(speedup.mean, bound),
     }
 
 

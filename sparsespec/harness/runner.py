@@ -1,31 +1,152 @@
-"""One run: check the config, load the model and prompts, decode every prompt with the method
-(and with AR for reference), write samples.jsonl / summary.json, log to the tracker, print a table.
+"""One run: check the config, load the model and prompts, decode every prompt with each method of
+the run back to back (AR first, as the reference), write samples.jsonl / summary.json per method,
+log to the tracker, print a table.
+
+A run has one method (`method=...`, written into the run's folder, AR decoded beside it as the
+reference), or several (`bench.methods=[...]`, the side-by-side benchmark: AR and every listed
+method, each written into its own sub-folder, as if each had been a run of its own). Either way each
+prompt is prefilled once and every method decodes from that prefill (`sparsespec.prefill`), and
+every folder resumes on its own: a re-run skips the prompts a method has finished.
 """
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from sparsespec import hf_reference
+from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
 
 from . import environment
-from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name, method_options,
-                     model_spec, resolved_options)
+from .checks import (as_dict, check_config, check_context_fits, check_method_options, context_warnings, device_name,
+                     method_options, model_spec, resolved_options)
 from .folder_lock import hold_folder
-from .report import format_table
+from .report import format_bench_table, format_table
 from .results import SUMMARY, SamplesFile, aggregate, build_sample, check_resume, sample_key, write_json
 from .tracking import make_tracker
 
 log = logging.getLogger(__name__)
 
-WARMUP_TOKENS = 16   # enough for a few draft/verify rounds; the warm-up output is thrown away
+WARMUP_TOKENS = 16    # enough for a few draft/verify rounds; the warm-up output is thrown away
+WARMUP_PREFIX = 2048  # warm up on the prompt's first tokens: every code path, without a long prefill
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+AR = "ar"
+
+
+# --------------------------------------------------------------------------------------------
+# the methods of a run
+
+
+@dataclass
+class MethodRun:
+    """One method's share of a run: its config (the run's, with this method), folder and results."""
+    entry: str                    # as listed: "sparsespec", "sparsespec_fixed:k=4", "hf_pld"
+    cfg: DictConfig
+    folder: Path
+    samples: SamplesFile = field(init=False)
+    finished: dict = field(default_factory=dict)   # (prompt_id, label) -> sample
+    resumed: bool = False
+    tracker: object = None
+
+    def __post_init__(self):
+        self.samples = SamplesFile(self.folder)
+
+    @property
+    def method(self) -> str:
+        return self.cfg.method.name
+
+    @property
+    def label(self) -> str:
+        return self.cfg.method.label
+
+    @property
+    def options(self) -> dict:
+        return method_options(self.cfg)
+
+    def done(self, prompt) -> bool:
+        return (str(prompt.id), self.label) in self.finished
+
+
+def is_bench(cfg: DictConfig) -> bool:
+    return bool(cfg.get("bench") and cfg.bench.get("methods"))
+
+
+def bench_entries(cfg: DictConfig) -> list[str]:
+    """AR, then every listed method, each once."""
+    return list(dict.fromkeys([AR, *(str(m) for m in cfg.bench.methods)]))
+
+
+def entry_folder(entry: str) -> str:
+    """A method entry as a folder name: `sparsespec_fixed:k=4` -> `sparsespec_fixed-k=4`."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", entry).strip("-")
+
+
+def method_node(entry: str) -> DictConfig:
+    """The `method` config of an entry `name[:option=value,...]`: conf/method/<name>.yaml with those
+    options, or a reference decoder of transformers' own (`hf_generate`, `hf_pld`)."""
+    name, _, extra = entry.partition(":")
+    assignments = [kv for kv in extra.split(",") if kv]
+    if hf_reference.is_reference(name):
+        options = dict(kv.split("=", 1) for kv in assignments)
+        node = OmegaConf.create({"name": name, "label": name, "options": {k: None for k in hf_reference.OPTIONS[name].names()}})
+        for key, value in options.items():
+            OmegaConf.update(node, f"options.{key}", _parse(value))
+        return node
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [f"method={name}", *(f"++method.options.{kv}" for kv in assignments)]
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=overrides).method
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides).method
+
+
+def _parse(text: str):
+    """A command-line value as Hydra would read it (int, float, bool, null or string)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(f"x={text}").value()
+
+
+def config_for(cfg: DictConfig, entry: str) -> DictConfig:
+    """The run's config with `method` set to the entry's."""
+    method_cfg = cfg.copy()
+    OmegaConf.set_struct(method_cfg, False)
+    method_cfg.method = method_node(entry)
+    return method_cfg
+
+
+def method_runs(cfg: DictConfig, folder: Path) -> list[MethodRun]:
+    if not is_bench(cfg):
+        return [MethodRun(entry=cfg.method.label, cfg=cfg, folder=folder)]
+    return [MethodRun(entry=e, cfg=config_for(cfg, e), folder=folder / entry_folder(e)) for e in bench_entries(cfg)]
+
+
+def resolved_method_options(method: str, options: dict) -> dict:
+    if hf_reference.is_reference(method):
+        return hf_reference.resolve_options(method, options)
+    return resolved_options(method, options)
+
+
+def check_method_run(run: MethodRun) -> None:
+    if hf_reference.is_reference(run.method):
+        hf_reference.resolve_options(run.method, run.options)
+    else:
+        check_method_options(run.method, run.options)
+
+
+# --------------------------------------------------------------------------------------------
+# names and settings
 
 
 def result_names(cfg: DictConfig) -> dict:
@@ -73,69 +194,118 @@ def load_inputs(cfg: DictConfig, device: str):
 # decoding one prompt
 
 
-def decode(model, prompt, cfg: DictConfig, method: str, options: dict, seed: int, max_new_tokens: int):
-    from sparsespec import generate
+def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
+                  max_new_tokens: int) -> dict:
+    """label -> Generation for every decoder (label -> (method, options)), back to back in the
+    given order, all of sparsespec's methods from one shared prefill of the prompt."""
+    import sparsespec
 
-    return generate(model, prompt.input_ids, method=method, max_new_tokens=max_new_tokens,
-                    temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
-                    stop_at_eos=cfg.stop_at_eos, **options)
+    engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
+    starts = sparsespec.prefill(model, input_ids, methods=engine, max_new_tokens=max_new_tokens) if engine else {}
+    common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
+    gens = {}
+    for label, (method, options) in decoders.items():
+        if label in starts:
+            gens[label] = sparsespec.generate(model, input_ids, prefilled=starts.pop(label), **common)
+        else:
+            gens[label] = hf_reference.hf_generate(model, input_ids, method=method, max_new_tokens=max_new_tokens,
+                                                   **common, **options)
+    return gens
 
 
-def model_dtype(model) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
+REFERENCE = "ar (reference)"   # the AR decode a prompt needs as the reference but no folder records
 
 
-def eos_ids(model) -> set[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+def decoders_for(runs: list[MethodRun], cfg: DictConfig) -> dict[str, tuple[str, dict]]:
+    """What to decode for one prompt, by entry: AR first (recorded, or only as the reference), then `runs`."""
+    ar_runs = {run.entry: (AR, {}) for run in runs if run.method == AR}
+    others = {run.entry: (run.method, run.options) for run in runs if run.method != AR}
+    reference = {REFERENCE: (AR, {})} if cfg.compare_ar and others and not ar_runs else {}
+    return {**reference, **ar_runs, **others}
 
 
-def text_of(tokens: list[int], tokenizer, eos: set[int]) -> str:
+def reference_of(gens: dict, runs: list[MethodRun]):
+    """The prompt's AR decode, the reference of every speed-up (None when there is none)."""
+    ar_entries = [REFERENCE] + [run.entry for run in runs if run.method == AR]
+    return next((gens[entry] for entry in ar_entries if entry in gens), None)
+
+
+def text_of(tokens: list[int], tokenizer, model) -> str:
     """The decoded output, up to and without the first EOS (decoding may run past it, for timing)."""
-    for i, token in enumerate(tokens):
-        if token in eos:
-            tokens = tokens[:i]
-            break
-    return tokenizer.decode(tokens, skip_special_tokens=True)
+    return tokenizer.decode(before_eos(tokens, eos_token_ids(model)), skip_special_tokens=True)
 
 
-def run_prompt(model, tokenizer, prompt, cfg: DictConfig, options: dict, seed: int) -> dict:
-    """Decode `prompt` with the method and, unless switched off, with AR; return its sample."""
-    gen = decode(model, prompt, cfg, cfg.method.name, options, seed, cfg.max_new_tokens)
-    if cfg.method.name == "ar":
-        ref = gen
-    elif cfg.compare_ar:
-        ref = decode(model, prompt, cfg, "ar", {}, seed, cfg.max_new_tokens)
-    else:
-        ref = None
-    text = text_of(gen.tokens, tokenizer, eos_ids(model))
+def sample_of(run: MethodRun, prompt, gen, ref, model, tokenizer) -> dict:
+    """The samples.jsonl line of `run`'s method on `prompt` (`ref`: the AR decode, or None)."""
+    cfg = run.cfg
+    if run.method == AR:
+        ref = gen                                        # AR is its own reference
+    text = text_of(gen.tokens, tokenizer, model)
     value = prompt.score(text) if prompt.reference is not None else None
-    return build_sample(prompt=prompt, gen=gen, ref=ref, names=result_names(cfg), ctx=cfg.ctx, text=text,
-                        score=value, greedy=cfg.temperature == 0)
+    return build_sample(prompt=prompt, gen=gen, ref=ref if cfg.compare_ar or ref is gen else None,
+                        names=result_names(cfg), ctx=cfg.ctx, text=text, score=value, greedy=cfg.temperature == 0)
 
 
-def warm_up(model, prompt, cfg: DictConfig, options: dict) -> None:
-    """One short untimed generation per method used, so one-off costs do not land on prompt 1."""
+def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
+    """One short untimed generation of every method on the prompt's first WARMUP_PREFIX tokens, so
+    one-off costs (kernels, draft-weight copies) do not land on prompt 1. A draft budget that does
+    not fit that prefix warms up on the whole prompt instead."""
     start = time.perf_counter()
     max_new = min(WARMUP_TOKENS, cfg.max_new_tokens)
-    decode(model, prompt, cfg, cfg.method.name, options, cfg.seed, max_new)
-    if cfg.compare_ar and cfg.method.name != "ar":
-        decode(model, prompt, cfg, "ar", {}, cfg.seed, max_new)
-    log.info("warm-up (%d new tokens, not recorded): %.1f s", max_new, time.perf_counter() - start)
+    decoders = decoders_for([r for r in runs if not r.done(prompt)], cfg)
+    try:
+        decode_prompt(model, prompt.input_ids[:WARMUP_PREFIX], decoders, cfg, cfg.seed, max_new)
+    except ConfigError:
+        decode_prompt(model, prompt.input_ids, decoders, cfg, cfg.seed, max_new)
+    log.info("warm-up (%d methods x %d new tokens, not recorded): %.1f s", len(decoders), max_new,
+             time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------------------------
 # the run
 
 
+def model_dtype(model) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def open_results(run: MethodRun, device: str) -> None:
+    """Create the method's folder, or resume the results it holds (same settings only)."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    run.resumed = check_resume(run.folder, resume_settings(run.cfg, device))
+    run.finished = {sample_key(s): s for s in run.samples.load()}
+
+
+def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
+               shared_with: list[str], bench: dict | None) -> dict:
+    cfg = run.cfg
+    prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
+    return {
+        "run": {**result_names(cfg), "method_name": cfg.method.name,
+                "method_options": resolved_method_options(cfg.method.name, run.options),
+                "ctx": cfg.ctx, "seed": cfg.seed, "num_prompts": cfg.num_prompts,
+                "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
+                "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
+                "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
+                "bench": bench,
+                "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
+                "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+        "metrics": aggregate(samples),
+        "config": as_dict(cfg),
+        "env": environment.collect(device=device, dtype=model_dtype(model)),
+    }
+
+
 def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
     """Run `cfg` into `folder`, resuming what a previous run of the same settings finished there.
-
-    The folder stays locked while the run lives: a second run into it stops at once (ConfigError)."""
+    Returns the summary (of each method, by entry, for a benchmark). The folder stays locked while
+    the run lives: a second run into it stops at once (ConfigError)."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     check_config(cfg)
+    runs = method_runs(cfg, Path(folder))
+    for method_run in runs:
+        check_method_run(method_run)
     warnings = context_warnings(cfg)
     for warning in warnings:   # once, before anything loads; summary.json keeps them
         print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -143,59 +313,71 @@ def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with hold_folder(folder):
-        return run_in_held_folder(cfg, folder, device=device, warnings=warnings, started=started, group=group)
+        return run_in_held_folder(cfg, folder, runs, device=device, warnings=warnings, started=started, group=group)
 
 
-def run_in_held_folder(cfg: DictConfig, folder: Path, *, device: str, warnings: list[str], started: str,
-                       group: str | None) -> dict:
+def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, device: str, warnings: list[str],
+                       started: str, group: str | None) -> dict:
     """`run` once the folder is checked and held: resume, load, decode the pending prompts, summarize."""
-    options = method_options(cfg)
-    resumed = check_resume(folder, resume_settings(cfg, device))
-    samples_file = SamplesFile(folder)
-    finished = {sample_key(s): s for s in samples_file.load()}
+    for method_run in runs:
+        open_results(method_run, device)
     torch.manual_seed(cfg.seed)
+    busy_before = environment.cpu_busy_fraction() if is_bench(cfg) else None
 
     model, tokenizer, prompts = load_inputs(cfg, device)
-    label = cfg.method.label
-    pending = [p for p in prompts if (str(p.id), label) not in finished]
-    if resumed:
-        log.info("resuming in %s: %d of %d prompts already done", folder, len(prompts) - len(pending), len(prompts))
-
-    tracker = make_tracker(as_dict(cfg.logger), config=as_dict(cfg), folder=folder, name=folder.name,
-                           group=cfg.experiment_name or group)
+    pending = [p for p in prompts if not all(r.done(p) for r in runs)]
+    for method_run in runs:
+        if method_run.resumed:
+            done = sum(method_run.done(p) for p in prompts)
+            log.info("resuming %s in %s: %d of %d prompts already done", method_run.entry, method_run.folder, done,
+                     len(prompts))
+    shared_with = [r.entry for r in runs if not hf_reference.is_reference(r.method)]
+    if cfg.compare_ar and not any(r.method == AR for r in runs):
+        shared_with.insert(0, REFERENCE)
+    summaries = {}
     try:
+        for method_run in runs:
+            method_run.tracker = make_tracker(as_dict(cfg.logger), config=as_dict(method_run.cfg),
+                                              folder=method_run.folder, name=method_run.folder.name,
+                                              group=cfg.experiment_name or group, several=len(runs) > 1)
         if pending and cfg.warmup:
-            warm_up(model, pending[0], cfg, options)
-        bar = tqdm(prompts, desc=f"{label} x {cfg.task.name}", unit="prompt")
+            warm_up(model, pending[0], runs, cfg)
+        bar = tqdm(prompts, desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}", unit="prompt")
         for index, prompt in enumerate(bar):
-            key = (str(prompt.id), label)
-            if key not in finished:
-                finished[key] = run_prompt(model, tokenizer, prompt, cfg, options, seed=cfg.seed + index)
-                samples_file.append(finished[key])
-                tracker.log_prompt(index, finished[key])
-            sample = finished[key]
-            bar.set_postfix_str(f"{sample['tokens_per_s']:.1f} tok/s"
-                                + (f", {sample['speedup_vs_ar']:.2f}x" if sample["speedup_vs_ar"] else ""))
-        samples = [finished[(str(p.id), label)] for p in prompts]
-        metrics = aggregate(samples)
-        summary = {
-            "run": {**result_names(cfg), "method_name": cfg.method.name,
-                    "method_options": resolved_options(cfg.method.name, options),
-                    "ctx": cfg.ctx, "seed": cfg.seed, "num_prompts": cfg.num_prompts,
-                    "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                    "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
-                    "device": device, "output_dir": str(folder), "resumed": resumed, "warnings": warnings,
-                    "wandb_dir": str(tracker.folder) if tracker.folder else None,
-                    "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-            "metrics": metrics,
-            "config": as_dict(cfg),
-            "env": environment.collect(device=device, dtype=model_dtype(model)),
-        }
-        write_json(folder / SUMMARY, summary)
-        tracker.log_summary(summary)
-        tracker.log_samples(samples)
-        tracker.save_files([samples_file.path, folder / SUMMARY])
+            todo = [r for r in runs if not r.done(prompt)]
+            if todo:
+                gens = decode_prompt(model, prompt.input_ids, decoders_for(todo, cfg), cfg, cfg.seed + index,
+                                     cfg.max_new_tokens)
+                ref = reference_of(gens, todo)
+                for method_run in todo:
+                    sample = sample_of(method_run, prompt, gens[method_run.entry], ref, model, tokenizer)
+                    method_run.samples.append(sample)
+                    method_run.finished[sample_key(sample)] = sample
+                    method_run.tracker.log_prompt(index, sample)
+            last = runs[-1].finished[(str(prompt.id), runs[-1].label)]
+            bar.set_postfix_str(f"{last['tokens_per_s']:.1f} tok/s"
+                                + (f", {last['speedup_vs_ar']:.2f}x" if last["speedup_vs_ar"] else ""))
+        bench = None
+        if is_bench(cfg):
+            busy_after = environment.cpu_busy_fraction()
+            bench = {"methods": [r.entry for r in runs], "cpu_busy_before": busy_before, "cpu_busy_after": busy_after,
+                     "noisy": environment.is_noisy(busy_before) or environment.is_noisy(busy_after)}
+        for method_run in runs:
+            samples = [method_run.finished[(str(p.id), method_run.label)] for p in prompts]
+            summary = summary_of(method_run, samples, device=device, model=model, warnings=warnings, started=started,
+                                 shared_with=shared_with, bench=bench)
+            write_json(method_run.folder / SUMMARY, summary)
+            method_run.tracker.log_summary(summary)
+            method_run.tracker.log_samples(samples)
+            method_run.tracker.save_files([method_run.samples.path, method_run.folder / SUMMARY])
+            summaries[method_run.entry] = (summary, samples)
     finally:
-        tracker.finish()
-    print(format_table(summary["run"], metrics, samples, str(folder)), flush=True)
-    return summary
+        for method_run in runs:
+            if method_run.tracker is not None:
+                method_run.tracker.finish()
+    if not is_bench(cfg):
+        summary, samples = summaries[runs[0].entry]
+        print(format_table(summary["run"], summary["metrics"], samples, str(runs[0].folder)), flush=True)
+        return summary
+    print(format_bench_table({entry: s for entry, (s, _) in summaries.items()}, str(folder)), flush=True)
+    return {entry: s for entry, (s, _) in summaries.items()}

@@ -105,10 +105,13 @@ class WandbTracker(Tracker):
         self.run = None
 
 
-def _start_wandb(options: dict, mode: str, *, config: dict, folder: Path, name: str, group: str | None):
+def _start_wandb(options: dict, mode: str, *, config: dict, folder: Path, name: str, group: str | None,
+                 several: bool = False):
     import wandb
 
-    settings = wandb.Settings(console="off", silent=True, init_timeout=60)
+    # several: a benchmark logs each method to its own W&B run, all open in this one process
+    settings = wandb.Settings(console="off", silent=True, init_timeout=60,
+                              **({"reinit": "create_new"} if several else {}))
     return wandb.init(project=options.get("project"), entity=options.get("entity"), mode=mode,
                       group=options.get("group") or group, tags=list(options.get("tags") or []),
                       name=name, dir=str(folder), config=config, settings=settings)
@@ -120,13 +123,14 @@ def _has_login() -> bool:
     return bool(wandb.login(prompt=False, verify=False))
 
 
-def make_tracker(options: dict, *, config: dict, folder: Path, name: str, group: str | None) -> Tracker:
+def make_tracker(options: dict, *, config: dict, folder: Path, name: str, group: str | None,
+                 several: bool = False) -> Tracker:
     """The tracker `logger` asks for. W&B online falls back to offline (no login, no network),
     and offline to no tracker at all; each fallback is said once."""
     if options.get("name") != "wandb":
         return Tracker()
     mode = options.get("mode") or "offline"
-    start = dict(config=config, folder=folder, name=name, group=group)
+    start = dict(config=config, folder=folder, name=name, group=group, several=several)
     problem = None
     try:
         if mode == "online" and not _has_login():

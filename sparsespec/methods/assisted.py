@@ -90,7 +90,7 @@ class AssistedDrafter(ModelDrafter):
         self.cache = PreallocatedCache(num_decoder_layers(self.draft_model), capacity)
         self.cache_len = 0             # positions of the sequence the draft cache holds
 
-    def after_prefill(self, state: DecodeState, hook) -> None:
+    def after_prefill(self, state: DecodeState) -> None:
         """The draft model reads the prompt too (counted as prefill)."""
         self.draft_model(input_ids=state.ids[:state.length].view(1, -1), past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1)

@@ -82,7 +82,7 @@ class Drafter:
         observers = self.prefill_observers()
         return ObservedPrefillHook(observers) if observers else None
 
-    def after_prefill(self, state: DecodeState, hook) -> None:
+    def after_prefill(self, state: DecodeState) -> None:
         pass
 
     def draft(self, state: DecodeState, controller, timers) -> Draft:

@@ -55,7 +55,7 @@ class SparseKVDrafter(ModelDrafter):
         observer = self.policy.prefill_observer()
         return [] if observer is None else [observer]
 
-    def after_prefill(self, state: DecodeState, hook) -> None:
+    def after_prefill(self, state: DecodeState) -> None:
         self.policy.after_prefill(state)
 
     def verify_hook(self):

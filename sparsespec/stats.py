@@ -1,0 +1,204 @@
+"""Every statistic sparsespec reports, defined once.
+
+`Generation` (one prompt), the harness's summaries (`sparsespec/harness/results.py`), the lm-eval
+statistics (`sparsespec/lm_eval_stats.py`), `analysis/` and `experiments/cost_model.py` all call
+these functions; none computes a rate, a speed-up or a cost of its own.
+
+A round (`sparsespec.generation.Round`, or its dict in samples.jsonl) drafts `drafted` tokens in
+`draft_steps` draft forwards, verifies them in one forward, accepts `accepted` and emits `emitted`
+tokens (accepted + 1, the target's own token, fewer only when the output is cut). So:
+
+- acceptance rate  = sum(accepted) / sum(drafted), pooled over rounds (0.0 when nothing was drafted);
+- mean accepted    = sum(emitted) / rounds: tokens per round, the bonus token included (AR = 1.00);
+- decode tokens/s  = sum(emitted) / decode seconds (prefill excluded);
+- speed-up         = a prompt's decode tokens/s over AR's on the same prompt in the same process;
+  a run reports the mean over prompts with a Student-t 95% confidence interval;
+- C_AR             = AR decode seconds per AR token;
+- C_d              = draft seconds per draft step;
+- C_v(k)           = mean verify seconds of the rounds that verified k drafts;
+- cost-model bound = tau * C_AR / (s * C_d + C_v): the speed-up the measured costs and acceptance
+  allow if nothing but drafting and verification took time (tau = mean accepted, s = draft steps
+  per round, C_v = verify seconds per round), per prompt like the speed-up, and averaged over
+  prompts like it; `bound_reached` = mean speed-up / mean bound.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+CI_LEVEL = 0.95
+
+
+# --------------------------------------------------------------------------------------------
+# counting rounds
+
+
+def _field(round_: Any, name: str, default=0):
+    """A Round's field, from the dataclass or from its samples.jsonl dict."""
+    if isinstance(round_, Mapping):
+        value = round_.get(name, default)
+    else:
+        value = getattr(round_, name, default)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class RoundTotals:
+    """Sums over a list of rounds (of one prompt, or pooled over prompts)."""
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_steps: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    select_s: float = 0.0
+
+
+def round_totals(rounds: Iterable) -> RoundTotals:
+    rounds = list(rounds)
+    return RoundTotals(rounds=len(rounds),
+                       **{name: sum(_field(r, name) for r in rounds)
+                          for name in ("drafted", "accepted", "emitted", "draft_steps", "draft_s", "verify_s",
+                                       "select_s")})
+
+
+# --------------------------------------------------------------------------------------------
+# rates
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when either is missing or den is 0."""
+    if num is None or not den:
+        return None
+    return num / den
+
+
+def acceptance_rate(accepted: int, drafted: int) -> float:
+    """Drafted tokens accepted over tokens drafted (pooled counts); 0.0 when nothing was drafted."""
+    return accepted / drafted if drafted else 0.0
+
+
+def mean_accepted(emitted: int, rounds: int) -> float:
+    """Tokens emitted per round, the target's own token included: 1.0 for AR; 0.0 with no round."""
+    return emitted / rounds if rounds else 0.0
+
+
+def tokens_per_s(tokens: float, seconds: float) -> float:
+    """Decode throughput; 0.0 when no time was measured."""
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def speedup(method_tokens_per_s: float | None, ar_tokens_per_s: float | None) -> float | None:
+    """One prompt's speed-up: the method's decode tokens/s over AR's (same prompt, same process)."""
+    return ratio(method_tokens_per_s, ar_tokens_per_s)
+
+
+# --------------------------------------------------------------------------------------------
+# across prompts
+
+
+@dataclass(frozen=True)
+class MeanCI:
+    n: int
+    mean: float | None
+    std: float | None          # sample standard deviation (n - 1); None below two values
+    low: float | None          # Student-t 95% confidence interval of the mean; None below two values
+    high: float | None
+
+
+def t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with an integer `dof` >= 1, in closed form (Abramowitz & Stegun
+    26.7.3-4): with theta = atan(t / sqrt(dof)) and c = cos^2(theta),
+    odd dof:  1/2 + (theta + sin(theta) cos(theta) (1 + 2/3 c + 2*4/(3*5) c^2 + ...)) / pi,
+    even dof: 1/2 + sin(theta)/2 (1 + 1/2 c + 1*3/(2*4) c^2 + ...), dof // 2 terms (odd: (dof-1)//2)."""
+    theta = math.atan(t / math.sqrt(dof))
+    c, sin = math.cos(theta) ** 2, math.sin(theta)
+    series, term = 0.0, 1.0
+    if dof % 2:
+        for j in range(1, (dof - 1) // 2 + 1):
+            series += term
+            term *= c * (2 * j) / (2 * j + 1)
+        inner = theta + (sin * math.cos(theta) * series if dof > 1 else 0.0)
+        return 0.5 + inner / math.pi
+    for j in range(1, dof // 2 + 1):
+        series += term
+        term *= c * (2 * j - 1) / (2 * j)
+    return 0.5 + sin * series / 2
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """The p-quantile (0.5 <= p < 1) of Student's t with integer `dof`, by bisection on `t_cdf`."""
+    low, high = 0.0, 1.0
+    while t_cdf(high, dof) < p:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, dof) < p else (low, mid)
+    return (low + high) / 2
+
+
+def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> MeanCI:
+    """Mean over prompts with its Student-t confidence interval: mean +- t_{(1+level)/2, n-1} * s / sqrt(n)."""
+    values = [float(v) for v in values if v is not None and not math.isnan(v)]
+    n = len(values)
+    if n == 0:
+        return MeanCI(0, None, None, None, None)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return MeanCI(n, mean, None, None, None)
+    std = statistics.stdev(values)
+    half = t_quantile((1 + level) / 2, n - 1) * std / math.sqrt(n)
+    return MeanCI(n, mean, std, mean - half, mean + half)
+
+
+# --------------------------------------------------------------------------------------------
+# costs and the cost-model bound
+
+
+def c_ar(ar_decode_s: float, ar_decode_tokens: float) -> float | None:
+    """C_AR: seconds per token of plain decoding."""
+    return ratio(ar_decode_s, ar_decode_tokens)
+
+
+def c_draft(totals: RoundTotals) -> float | None:
+    """C_d: seconds per draft forward; None when nothing ran a draft step (AR, or no model drafts)."""
+    return ratio(totals.draft_s, totals.draft_steps)
+
+
+def c_verify_by_k(rounds: Iterable) -> dict[int, float]:
+    """C_v(k): mean verify seconds of the rounds that verified k drafts, by k."""
+    by_k: dict[int, list[float]] = {}
+    for r in rounds:
+        by_k.setdefault(int(_field(r, "drafted")), []).append(float(_field(r, "verify_s")))
+    return {k: statistics.fmean(v) for k, v in sorted(by_k.items())}
+
+
+def cost_bound(tau: float, steps: float, c_ar_s: float, c_d: float, c_v: float, select_s: float = 0.0) -> float:
+    """The cost-model speed-up bound tau * C_AR / (steps * C_d + C_v [+ select]): tokens per round
+    at AR's cost per token, over the seconds a round's drafting and verification take."""
+    return tau * c_ar_s / (steps * c_d + c_v + select_s)
+
+
+def cost_metrics(rounds: Iterable) -> dict:
+    """The measured costs of a method's rounds, pooled (over prompts, when given several)."""
+    rounds = list(rounds)
+    totals = round_totals(rounds)
+    return {"c_draft_s": c_draft(totals), "c_verify_s": ratio(totals.verify_s, totals.rounds),
+            "c_verify_s_by_k": {str(k): c for k, c in c_verify_by_k(rounds).items()},   # JSON keys
+            "select_s_per_round": ratio(totals.select_s, totals.rounds),
+            "draft_steps_per_round": ratio(totals.draft_steps, totals.rounds)}
+
+
+def prompt_bound(rounds: Iterable, c_ar_s: float | None) -> float | None:
+    """The cost-model bound of one prompt's decode: its tau, draft steps per round, C_d and C_v,
+    against the C_AR of AR on the same prompt; None when no draft step ran or there is no C_AR."""
+    rounds = list(rounds)
+    totals = round_totals(rounds)
+    c_d = c_draft(totals)
+    if c_d is None or c_ar_s is None or not totals.rounds:
+        return None
+    return cost_bound(mean_accepted(totals.emitted, totals.rounds), totals.draft_steps / totals.rounds,
+                      c_ar_s, c_d, totals.verify_s / totals.rounds)

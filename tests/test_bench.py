@@ -1,0 +1,170 @@
+"""The side-by-side benchmark as a mode of the harness (`bench.methods`): one runner, one result
+format. In-process on a tiny model (the model and prompt loading are replaced); the last test runs
+`python run.py experiment=bench_cpu` on the embedded SmolLM2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+import sparsespec.harness.runner as runner
+from analysis.figures import main as figures_main
+from conftest import build_tiny, random_prompt
+from sparsespec.errors import ConfigError
+from sparsespec.harness.results import aggregate
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET = "budget=0.5"        # 150 of the tiny prompts' 300 tokens: room for sink + recent
+METHODS = [f"sparsespec:{BUDGET}", f"sparsespec_fixed:k=4,{BUDGET}", "pld", "hf_generate", "hf_pld"]
+FOLDERS = ["ar", "sparsespec-budget=0.5", "sparsespec_fixed-k=4-budget=0.5", "pld", "hf_generate", "hf_pld"]
+
+
+class Tokenizer:
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return " ".join(map(str, ids))
+
+
+def tiny_prompts(n: int) -> list:
+    prompts = []
+    for i in range(n):
+        ids = random_prompt(300, seed=i)[0]
+        ids[200:260] = ids[100:160]                      # something for prompt lookup to find
+        prompts.append(SimpleNamespace(id=f"p{i}", input_ids=ids, reference=None))
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return build_tiny("llama")
+
+
+@pytest.fixture
+def bench(monkeypatch, tiny_llama):
+    """Run the harness in-process on the tiny model; returns (run, calls), calls being the
+    decoders each prompt was decoded with."""
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (tiny_llama, Tokenizer(), tiny_prompts(cfg.num_prompts)))
+    calls = []
+    decode_prompt = runner.decode_prompt
+
+    def recording(model, input_ids, decoders, cfg, seed, max_new_tokens):
+        calls.append((len(input_ids), seed, list(decoders)))
+        return decode_prompt(model, input_ids, decoders, cfg, seed, max_new_tokens)
+    monkeypatch.setattr(runner, "decode_prompt", recording)
+
+    def run(folder: Path, *overrides: str) -> dict:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["logger=none", "ctx=1k", "num_prompts=2", "max_new_tokens=10",
+                                               "warmup=false", f"bench.methods=[{','.join(repr(m) for m in METHODS)}]",
+                                               *overrides])
+            return runner.run(cfg, folder)
+    return run, calls
+
+
+def read(folder: Path) -> tuple[dict, list[dict]]:
+    return (json.loads((folder / "summary.json").read_text()),
+            [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()])
+
+
+def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
+    run, calls = bench
+    summaries = run(tmp_path / "cell")
+    assert sorted(p.name for p in (tmp_path / "cell").iterdir() if p.is_dir()) == sorted(FOLDERS)
+    assert list(summaries) == ["ar", *METHODS]
+    # one decode call per prompt, AR first, every method in it
+    assert [c[2] for c in calls] == [["ar", *METHODS]] * 2
+    for folder in FOLDERS:
+        summary, samples = read(tmp_path / "cell" / folder)
+        assert summary["metrics"] == json.loads(json.dumps(aggregate(samples)))   # the aggregation of any run
+        assert [s["prompt_id"] for s in samples] == ["p0", "p1"]
+        assert summary["run"]["output_dir"] == str(tmp_path / "cell" / folder)
+        assert summary["config"]["method"]["label"] == summary["run"]["method"] == samples[0]["method"]
+        if folder != "ar":
+            assert all(s["outputs_match_ar"] for s in samples), folder      # greedy fp32: lossless, HF too
+            assert summary["run"]["prefill_shared"] is not folder.startswith("hf_")
+    ar_summary, ar_samples = read(tmp_path / "cell" / "ar")
+    assert ar_summary["metrics"]["speedup_vs_ar"] == 1.0
+    fixed = read(tmp_path / "cell" / "sparsespec_fixed-k=4-budget=0.5")[0]
+    assert fixed["run"]["method_options"]["k"] == 4 and fixed["run"]["method_options"]["budget"] == 0.5
+    assert fixed["run"]["bench"]["methods"] == ["ar", *METHODS]
+    # every method's sample divides by the same AR decode of its prompt
+    for folder in FOLDERS[1:]:
+        samples = read(tmp_path / "cell" / folder)[1]
+        assert [s["ar_decode_s"] for s in samples] == [s["decode_s"] for s in ar_samples]
+    assert read(tmp_path / "cell" / "hf_pld")[0]["run"]["method_options"]["prompt_lookup_num_tokens"] == 10
+
+
+def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, tmp_path):
+    run, calls = bench
+    cell = tmp_path / "cell"
+    run(cell)
+    killed = cell / "pld" / "samples.jsonl"                 # as if killed after pld's first prompt
+    killed.write_text(killed.read_text().splitlines(keepends=True)[0])
+    before = {f: (cell / f / "samples.jsonl").read_text() for f in FOLDERS if f != "pld"}
+    calls.clear()
+    run(cell)
+    assert calls == [(300, 1, [runner.REFERENCE, "pld"])]    # prompt p1 only: AR as reference, and pld
+    assert all((cell / f / "samples.jsonl").read_text() == text for f, text in before.items())
+    summary, samples = read(cell / "pld")
+    assert [s["prompt_id"] for s in samples] == ["p0", "p1"] and summary["metrics"]["n_prompts"] == 2
+    assert summary["run"]["resumed"] is True
+    calls.clear()
+    run(cell, "num_prompts=3")                                 # more prompts: only the new one, every method
+    assert [c[2] for c in calls] == [["ar", *METHODS]]
+
+
+def test_method_entries_take_options_and_are_checked(tmp_path):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        node = runner.method_node("sparsespec_fixed:k=8,recent=32,draft_weights=full")
+        assert (node.name, node.label, node.options.k, node.options.recent, node.options.draft_weights) == \
+            ("sparsespec", "sparsespec_fixed", 8, 32, "full")
+        assert runner.method_node("hf_pld:prompt_lookup_num_tokens=5").options.prompt_lookup_num_tokens == 5
+        cfg = compose("config", overrides=["bench.methods=['streaming:bogus=1']"])
+        bad = runner.method_runs(cfg, tmp_path)[1]
+        with pytest.raises(ConfigError, match="bogus"):
+            runner.check_method_run(bad)
+        cfg = compose("config", overrides=["bench.methods=['hf_generate:colour=2']"])
+        with pytest.raises(ConfigError, match="colour"):
+            runner.check_method_run(runner.method_runs(cfg, tmp_path)[1])
+    assert runner.entry_folder("sparsespec_fixed:k=4,recent=128") == "sparsespec_fixed-k=4-recent=128"
+
+
+@pytest.mark.parametrize("name", ["bench_cpu", "bench_cpu_qwen", "bench_gpu"])
+def test_bench_experiments_list_methods_that_run_at_their_contexts(name, tmp_path):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        contexts = str(cfg.hydra.sweeper.params.ctx).split(",")
+        assert str(cfg.hydra.mode) == "RunMode.MULTIRUN" and cfg.bench.methods
+        for ctx in contexts:
+            cell = compose("config", overrides=[f"experiment={name}", f"ctx={ctx}"])
+            for method_run in runner.method_runs(cell, tmp_path):
+                runner.check_method_run(method_run)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_bench_experiment_runs_and_analysis_reads_it(tmp_path):
+    """`python run.py experiment=bench_cpu`, cut to one 1K context, one prompt and 8 tokens, then
+    `python -m analysis.figures` on its sweep folder."""
+    sweep = tmp_path / "multirun"
+    command = [sys.executable, "run.py", "experiment=bench_cpu", "hydra.sweeper.params.ctx=1k", "num_prompts=1",
+               "max_new_tokens=8", "bench.methods=[sparsespec,'sparsespec_fixed:k=4',hf_generate]",
+               f"hydra.sweep.dir={sweep}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cell = next(sweep.glob("0_smollm2_135m_summarization_ctx1000_bench"))
+    assert sorted(p.name for p in cell.iterdir() if (p / "summary.json").exists()) == \
+        ["ar", "hf_generate", "sparsespec", "sparsespec_fixed-k=4"]
+    assert "speed-up (95% CI)" in done.stdout
+    out = tmp_path / "figures"
+    assert figures_main([str(sweep), "--out", str(out), "--no-progress"]) == 0
+    table = pd.read_csv(out / "method_comparison.csv")
+    assert sorted(table["method"]) == ["ar", "hf_generate", "sparsespec", "sparsespec_fixed k=4"]
+    ours = json.loads((cell / "sparsespec" / "summary.json").read_text())["metrics"]
+    assert table.set_index("method").loc["sparsespec", "speedup"] == pytest.approx(ours["speedup_vs_ar"])
+    assert table.set_index("method").loc["hf_generate", "outputs_match_ar"] == 1.0
