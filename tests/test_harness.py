@@ -190,16 +190,17 @@ def fake_inputs(monkeypatch, crash_on: str | None = None) -> None:
     """`runner.run` with no model: two prompts, each given a made-up sample (or a crash on `crash_on`)."""
     from sparsespec.harness import runner
 
-    prompts = [SimpleNamespace(id=f"p{i}", reference=None) for i in range(2)]
+    prompts = [SimpleNamespace(id=f"p{i}", reference=None, input_ids=None) for i in range(2)]
     monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (torch.nn.Linear(1, 1), None, prompts))
+    monkeypatch.setattr(runner, "decode_prompt", lambda model, ids, decoders, *args, **kw: dict.fromkeys(decoders))
 
-    def run_prompt(model, tokenizer, prompt, cfg, options, seed):
+    def sample_of(run, prompt, gen, ref, model, tokenizer):
         if prompt.id == crash_on:
             raise RuntimeError(f"boom on {prompt.id}")
         return build_sample(prompt=prompt, gen=fake_gen([1] * 3, [(2, 1)], decode_s=1.0), ref=None,
-                            names=runner.result_names(cfg), ctx=cfg.ctx, text="t", score=None, greedy=True)
+                            names=runner.result_names(run.cfg), ctx=run.cfg.ctx, text="t", score=None, greedy=True)
 
-    monkeypatch.setattr(runner, "run_prompt", run_prompt)
+    monkeypatch.setattr(runner, "sample_of", sample_of)
 
 
 def test_a_run_stopped_after_loading_leaves_its_folder_free_for_new_settings(tmp_path, hydra_conf, monkeypatch):
