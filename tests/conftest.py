@@ -78,3 +78,18 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "real_model" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_model)
+
+
+def lines_printed_offline(code: str) -> list[str]:
+    """Run `code` in a fresh Python with HF_HUB_OFFLINE=1 (huggingface_hub reads it when imported);
+    its non-empty stdout lines (stderr is appended to the assertion message through the exception)."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = [line for line in result.stdout.splitlines() if line]
+    if not lines:
+        raise AssertionError(f"nothing printed: {result.stderr[-2000:]}")
+    return lines

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import lines_printed_offline
 from tiny_tokenizer import tiny_tokenizer
 
 from sparsespec.errors import ConfigError, UnavailableError
@@ -130,10 +128,8 @@ def test_hub_model_offline_says_how_to_get_it():
     code = ("from sparsespec.models import load_model\n"
             "try: load_model({'name': 'ghost', 'path': 'nobody-here/no-such-model-7b'})\n"
             "except Exception as e: print(type(e).__name__, '|', e)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines = [line for line in result.stdout.splitlines() if line]
-    assert len(lines) == 1, result.stdout + result.stderr
+    lines = lines_printed_offline(code)
+    assert len(lines) == 1, lines
     assert lines[0].startswith("UnavailableError |")
     for words in ("nobody-here/no-such-model-7b", "HF_HUB_OFFLINE=1", "hf download", "model.path="):
         assert words in lines[0]

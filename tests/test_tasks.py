@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
+from conftest import lines_printed_offline
 from tiny_tokenizer import tiny_tokenizer
 
 from sparsespec.errors import ConfigError, UnavailableError
@@ -205,10 +203,8 @@ def test_hub_datasets_offline_say_how_to_get_them():
             "for source in ('longbench', 'longbench_v2'):\n"
             "    try: load_prompts('qa', source=source, tokenizer=None, context_tokens=1000, num_prompts=1)\n"
             "    except Exception as e: print(type(e).__name__, '|', e)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines = [line for line in result.stdout.splitlines() if line]
-    assert len(lines) == 2, result.stdout + result.stderr
+    lines = lines_printed_offline(code)
+    assert len(lines) == 2, lines
     for line, repo in zip(lines, ("Xnhyacinth/LongBench", "THUDM/LongBench-v2")):
         assert line.startswith("UnavailableError |") and repo in line and "task.path" in line
 
