@@ -52,9 +52,9 @@ def bench(monkeypatch, tiny_llama):
     calls = []
     decode_prompt = runner.decode_prompt
 
-    def recording(model, input_ids, decoders, cfg, seed, max_new_tokens):
+    def recording(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors=None):
         calls.append((len(input_ids), seed, list(decoders)))
-        return decode_prompt(model, input_ids, decoders, cfg, seed, max_new_tokens)
+        return decode_prompt(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors)
     monkeypatch.setattr(runner, "decode_prompt", recording)
 
     def run(folder: Path, *overrides: str) -> dict:
@@ -97,6 +97,10 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
         samples = read(tmp_path / "cell" / folder)[1]
         assert [s["ar_decode_s"] for s in samples] == [s["decode_s"] for s in ar_samples]
     assert read(tmp_path / "cell" / "hf_pld")[0]["run"]["method_options"]["prompt_lookup_num_tokens"] == 10
+    # the entropy controller starts from a cost profile measured on the first prompt; fixed k needs none
+    prior = read(tmp_path / "cell" / "sparsespec-budget=0.5")[0]["run"]["cost_prior"]
+    assert prior["draft_step_s"] > 0 and {"1", "2", "4"} <= set(prior["verify_s"])
+    assert fixed["run"]["cost_prior"] is None
 
 
 def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, tmp_path):

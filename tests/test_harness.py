@@ -38,7 +38,7 @@ METRIC_KEYS = {"n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", 
                "c_verify_s", "c_verify_s_by_k", "select_s_per_round", "draft_steps_per_round", "bound",
                "bound_reached"}
 SMOKE = ["experiment=smoke"]                       # ctx 1000, 2 prompts, 16 new tokens
-QUICK = ["experiment=smoke", "logger=none", "compare_ar=false", "max_new_tokens=8", "warmup=false"]
+QUICK = ["experiment=smoke", "logger=none", "compare_ar=false", "max_new_tokens=8", "warmup=false", "cost_profile=false"]
 
 
 def cli_env(**extra: str) -> dict:

@@ -82,7 +82,7 @@ def check_numbers(cfg: DictConfig) -> None:
     _positive_int("max_new_tokens", cfg.max_new_tokens)
     if not _is_int(cfg.seed):
         raise ConfigError(f"seed={cfg.seed!r} must be an integer")
-    for name in ("stop_at_eos", "compare_ar", "warmup"):
+    for name in ("stop_at_eos", "compare_ar", "warmup", "cost_profile"):
         if not isinstance(cfg[name], bool):
             raise ConfigError(f"{name}={cfg[name]!r} must be true or false")
     if not _is_finite_number(cfg.temperature) or cfg.temperature < 0:

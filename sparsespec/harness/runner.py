@@ -195,7 +195,7 @@ def load_inputs(cfg: DictConfig, device: str):
 
 
 def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
-                  max_new_tokens: int) -> dict:
+                  max_new_tokens: int, cost_priors: dict | None = None) -> dict:
     """label -> Generation for every decoder (label -> (method, options)), back to back in the
     given order, all of sparsespec's methods from one shared prefill of the prompt."""
     import sparsespec
@@ -206,7 +206,8 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     gens = {}
     for label, (method, options) in decoders.items():
         if label in starts:
-            gens[label] = sparsespec.generate(model, input_ids, prefilled=starts.pop(label), **common)
+            gens[label] = sparsespec.generate(model, input_ids, prefilled=starts.pop(label),
+                                              cost_prior=(cost_priors or {}).get(label), **common)
         else:
             gens[label] = hf_reference.hf_generate(model, input_ids, method=method, max_new_tokens=max_new_tokens,
                                                    **common, **options)
@@ -261,6 +262,21 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
              time.perf_counter() - start)
 
 
+def measure_cost_priors(model, prompt, runs: list[MethodRun]) -> dict:
+    """entry -> CostProfile of every run whose controller reads costs (the entropy controller),
+    measured on the first pending prompt before anything is timed (sparsespec/calibration.py)."""
+    from sparsespec.calibration import measure_cost_profile
+
+    priors = {}
+    for run in runs:
+        if hf_reference.is_reference(run.method) or resolved_options(run.method, run.options).get("controller") != "entropy":
+            continue
+        start = time.perf_counter()
+        priors[run.entry] = measure_cost_profile(model, prompt.input_ids, method=run.method, **run.options)
+        log.info("cost profile of %s (not recorded as a sample): %.1f s", run.entry, time.perf_counter() - start)
+    return priors
+
+
 # --------------------------------------------------------------------------------------------
 # the run
 
@@ -277,7 +293,7 @@ def open_results(run: MethodRun, device: str) -> None:
 
 
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
-               shared_with: list[str], bench: dict | None) -> dict:
+               shared_with: list[str], bench: dict | None, cost_prior=None) -> dict:
     cfg = run.cfg
     prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
     return {
@@ -288,7 +304,7 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
                 "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
                 "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
-                "bench": bench,
+                "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
                 "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "metrics": aggregate(samples),
@@ -342,12 +358,13 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
                                               group=cfg.experiment_name or group, several=len(runs) > 1)
         if pending and cfg.warmup:
             warm_up(model, pending[0], runs, cfg)
+        cost_priors = measure_cost_priors(model, pending[0], runs) if pending and cfg.cost_profile else {}
         bar = tqdm(prompts, desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}", unit="prompt")
         for index, prompt in enumerate(bar):
             todo = [r for r in runs if not r.done(prompt)]
             if todo:
                 gens = decode_prompt(model, prompt.input_ids, decoders_for(todo, cfg), cfg, cfg.seed + index,
-                                     cfg.max_new_tokens)
+                                     cfg.max_new_tokens, cost_priors)
                 ref = reference_of(gens, todo)
                 for method_run in todo:
                     sample = sample_of(method_run, prompt, gens[method_run.entry], ref, model, tokenizer)
@@ -365,7 +382,7 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
         for method_run in runs:
             samples = [method_run.finished[(str(p.id), method_run.label)] for p in prompts]
             summary = summary_of(method_run, samples, device=device, model=model, warnings=warnings, started=started,
-                                 shared_with=shared_with, bench=bench)
+                                 shared_with=shared_with, bench=bench, cost_prior=cost_priors.get(method_run.entry))
             write_json(method_run.folder / SUMMARY, summary)
             method_run.tracker.log_summary(summary)
             method_run.tracker.log_samples(samples)
