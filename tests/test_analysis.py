@@ -479,6 +479,7 @@ def execute_notebook(results: Path, tmp_path: Path) -> None:
     assert list((tmp_path / "nb_figures").glob("speedup_vs_context__*.png"))
 
 
+@pytest.mark.slow   # runs a Jupyter kernel in a subprocess
 def test_notebook_executes_top_to_bottom(results, tmp_path):
     execute_notebook(results, tmp_path)
 

@@ -106,19 +106,19 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
 def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, tmp_path):
     run, calls = bench
     cell = tmp_path / "cell"
-    run(cell)
+    run(cell, "cost_profile=false")       # the profile is tested above; here it only costs time
     killed = cell / "pld" / "samples.jsonl"                 # as if killed after pld's first prompt
     killed.write_text(killed.read_text().splitlines(keepends=True)[0])
     before = {f: (cell / f / "samples.jsonl").read_text() for f in FOLDERS if f != "pld"}
     calls.clear()
-    run(cell)
+    run(cell, "cost_profile=false")
     assert calls == [(300, 1, [runner.REFERENCE, "pld"])]    # prompt p1 only: AR as reference, and pld
     assert all((cell / f / "samples.jsonl").read_text() == text for f, text in before.items())
     summary, samples = read(cell / "pld")
     assert [s["prompt_id"] for s in samples] == ["p0", "p1"] and summary["metrics"]["n_prompts"] == 2
     assert summary["run"]["resumed"] is True
     calls.clear()
-    run(cell, "num_prompts=3")                                 # more prompts: only the new one, every method
+    run(cell, "num_prompts=3", "cost_profile=false")           # more prompts: only the new one, every method
     assert [c[2] for c in calls] == [["ar", *METHODS]]
 
 

@@ -145,6 +145,7 @@ def test_cli_unknown_embedded_model_fails_before_loading(capsys):
                           "pretrained='embedded:nope' names no embedded model; accepted: embedded:smollm2_135m")
 
 
+@pytest.mark.slow   # lm-eval indexes every task it ships (~7 s)
 def test_cli_unknown_task_says_how_to_list_them(capsys):
     """lm-eval finds an unknown task before it loads the model; the one line says how to see the names."""
     from sparsespec import eval as entry
