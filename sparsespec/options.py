@@ -113,12 +113,11 @@ def coerce(text: str, hint):
         words = {"true": True, "false": False, **({"none": None, "null": None} if hint is Any else {})}
         if hint is bool or text.lower() in words:
             return words.get(text.lower(), text)
-    for kind in (int, float):
-        if hint in (kind, float, Any):
-            try:
-                return kind(text)
-            except ValueError:
-                continue
+    for kind in {int: (int,), float: (int, float), Any: (int, float)}.get(hint, ()):   # "3" stays an int
+        try:
+            return kind(text)
+        except ValueError:
+            continue
     return text
 
 
