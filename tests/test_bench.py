@@ -103,6 +103,7 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     assert fixed["run"]["cost_prior"] is None
 
 
+@pytest.mark.slow   # three whole benchmark runs (~14 s)
 def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, tmp_path):
     run, calls = bench
     cell = tmp_path / "cell"

@@ -103,6 +103,7 @@ def test_every_combination_composes(hydra_conf, model):
     assert not failures, failures[:5]
 
 
+@pytest.mark.slow   # composes a multirun per context (~7 s)
 def test_ctx_axis_is_separable(hydra_conf):
     """Hydra's own composition of model x task x ctx x method equals the shortcut above (a sample
     of 40 combinations spread over every option)."""

@@ -210,7 +210,8 @@ def test_loop_with_temperature_and_top_p_emits_the_filtered_distribution(tiny_vo
     assert total_variation(dist, exact) < TOLERANCE
 
 
-@pytest.mark.parametrize("bug", ["acceptance+2pts", "residual=p"])
+@pytest.mark.parametrize("bug", ["acceptance+2pts",
+                                 pytest.param("residual=p", marks=pytest.mark.slow)])   # ~12 s
 def test_the_exact_check_catches_a_biased_acceptance_rule(tiny_vocab, monkeypatch, bug):
     """The check above must be able to fail: a rule that accepts 2 points too often, or resamples
     from p instead of norm(max(0, p - q)) after a rejection, is caught, though its bias is small."""
