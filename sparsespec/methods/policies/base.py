@@ -46,7 +46,7 @@ class BudgetOptions(OptionSet):
                            check=above(0, " (a fraction < 1 of the context, or a token count >= 1)"))
 
     def check_together(self) -> str | None:
-        if self.sink == 0 and getattr(self, "recent", 0) == 0 and getattr(self, "topk", None) == 0:
+        if self.sink == 0 and self.recent == 0 and self.topk == 0:
             return ("sink=0 recent=0 topk=0 leaves the draft no position to attend to; "
                     "give at least one of them a positive value")
         return None
