@@ -62,16 +62,17 @@ def non_empty(check: Check | None = None) -> Check:
 
 # --- types: what an annotation accepts, and how a string becomes one --------------------------------
 
-def _accepts(hint, value) -> bool:
+def accepts(hint, value) -> bool:
+    """Whether `value` is of the annotation `hint` (bools are not ints; NaN and inf are not floats)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
     if origin in UNIONS:
-        return any(_accepts(a, value) for a in args)
+        return any(accepts(a, value) for a in args)
     if hint is type(None):
         return value is None
     if origin is tuple:
-        return isinstance(value, (list, tuple)) and all(_accepts(args[0], v) for v in value)
+        return isinstance(value, (list, tuple)) and all(accepts(args[0], v) for v in value)
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:
@@ -104,7 +105,7 @@ def coerce(text: str, hint):
     if origin in UNIONS:
         for arg in args:
             value = coerce(text, arg)
-            if _accepts(arg, value):
+            if accepts(arg, value):
                 return value
         return text
     if hint is type(None):
@@ -155,7 +156,7 @@ class OptionSet:
         """One option's type and range, with a one-line error naming the value and what is accepted."""
         fld = next(f for f in cls.fields() if f.name == name)
         hint = cls.hints()[name]
-        if not _accepts(hint, value):
+        if not accepts(hint, value):
             raise ConfigError(f"{owner} option {name}={value!r} must be {describe(hint)}")
         check = fld.metadata.get("check")
         problem = check(value) if check is not None and value is not None else None

@@ -4,13 +4,13 @@ Every problem raises `ConfigError` with one line that names the value and what i
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from sparsespec.errors import ConfigError
+from sparsespec.options import accepts
 
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -62,17 +62,8 @@ def check_cuda_device(requested: str) -> None:
         raise ConfigError(f"device={requested!r} does not exist here; accepted: cuda, cuda:0 to cuda:{count - 1}")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite_number(value) -> bool:
-    """An int or float that is neither NaN nor infinite (the command line gives `nan`, `inf`, `abc` too)."""
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
 def _positive_int(name: str, value) -> None:
-    if not _is_int(value) or value < 1:
+    if not accepts(int, value) or value < 1:
         raise ConfigError(f"{name}={value!r} must be an integer >= 1")
 
 
@@ -80,14 +71,14 @@ def check_numbers(cfg: DictConfig) -> None:
     _positive_int("ctx", cfg.ctx)
     _positive_int("num_prompts", cfg.num_prompts)
     _positive_int("max_new_tokens", cfg.max_new_tokens)
-    if not _is_int(cfg.seed):
+    if not accepts(int, cfg.seed):
         raise ConfigError(f"seed={cfg.seed!r} must be an integer")
     for name in ("stop_at_eos", "compare_ar", "warmup", "cost_profile"):
         if not isinstance(cfg[name], bool):
             raise ConfigError(f"{name}={cfg[name]!r} must be true or false")
-    if not _is_finite_number(cfg.temperature) or cfg.temperature < 0:
+    if not accepts(float, cfg.temperature) or cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature!r} must be a finite number >= 0 (0 means greedy)")
-    if not _is_finite_number(cfg.top_p) or not 0.0 < cfg.top_p <= 1.0:
+    if not accepts(float, cfg.top_p) or not 0.0 < cfg.top_p <= 1.0:
         raise ConfigError(f"top_p={cfg.top_p!r} must be a number in (0, 1]")
     if cfg.logger.name not in LOGGERS:
         raise ConfigError(f"logger={cfg.logger.name!r} is unknown; accepted: {', '.join(LOGGERS)}")
