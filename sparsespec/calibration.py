@@ -8,6 +8,12 @@ the controller's starting costs (`generate(..., cost_prior=profile)`), refined o
     C_d    = median over draft steps of (draft seconds / draft steps)
     C_v(k) = median over the rounds that verified k drafts of their verify seconds
 
+The same rounds seed the controller's acceptance model, so a prompt does not open at k = 1:
+
+    mu_acc = mean entropy of accepted drafts;  mu_rej = mean entropy of each round's first rejected draft
+    rate   = accepted drafts / judged drafts (accepted + first rejected)
+    bins   = judged and accepted drafts per entropy bin (the default "binned" acceptance model)
+
 The profile's generation also serves as the run's warm-up.
 """
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from .controller import CostProfile, CycleK
+from .controller import CostProfile, CycleK, EntropyBins
 from .decode import generate
 from .errors import ConfigError
 from .methods import METHODS
@@ -47,5 +53,15 @@ def profile_of(rounds) -> CostProfile:
     steps = [r.draft_s / r.draft_steps for r in rounds if r.draft_steps]
     if not steps or not verify:
         raise ConfigError("the cost profile drafted nothing: the method proposed no tokens on this prompt")
+    accepted = [h for r in rounds for h in r.entropies[:r.accepted]]
+    rejected = [r.entropies[r.accepted] for r in rounds if r.accepted < r.drafted and len(r.entropies) > r.accepted]
+    judged = len(accepted) + len(rejected)
+    bins = EntropyBins()
+    for r in rounds:
+        bins.add_round(r.entropies, r.accepted, r.drafted)
     return CostProfile(draft_step_s=statistics.median(steps),
-                       verify_s={k: statistics.median(v) for k, v in sorted(verify.items())})
+                       verify_s={k: statistics.median(v) for k, v in sorted(verify.items())},
+                       accepted_entropy=statistics.fmean(accepted) if accepted else None,
+                       rejected_entropy=statistics.fmean(rejected) if rejected else None,
+                       acceptance_rate=len(accepted) / judged if judged else None,
+                       bins=bins if judged else None)

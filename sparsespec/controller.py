@@ -14,9 +14,16 @@ accepted tokens and of the first rejected token of a round (later tokens of a re
 never judged, so they update neither):  mu <- (1 - ema) * mu + ema * H, per token; the first
 observation initialises a centre.
 
-Acceptance probability (the paper's form, replaceable via `acceptance_fn`): a two-class softmax
-over negative L1 distances,
-    p_i = exp(-|H_i - mu_acc|/tau) / (exp(-|H_i - mu_acc|/tau) + exp(-|H_i - mu_rej|/tau)), tau = 1.
+Acceptance probability, `acceptance_model`:
+- "paper" (the paper's form, replaceable via `acceptance_fn`): a two-class softmax over negative
+  L1 distances to the centres,
+    p_i = exp(-|H_i - mu_acc|/tau) / (exp(-|H_i - mu_acc|/tau) + exp(-|H_i - mu_rej|/tau)), tau = 1;
+- "binned" (default): the measured acceptance of drafts of similar entropy. Judged drafts are
+  counted in 0.5-nat entropy bins; p_i = (a_b + s * rate) / (n_b + s) for H_i's bin b, shrunk
+  towards the overall acceptance rate with s = 4 pseudo-drafts. The paper's form assumes a draft
+  far from the accepted centre is likely rejected; measured here (SmolLM2, 8K, fixed k) drafts at
+  3-5.5 nats were still accepted 62-88% of the time, where the two-centre form says 7-50%, so it
+  under-drafts. The centres are still kept (traces, the "paper" model).
 
 Choice. With survival pi_m = prod_{i<=m} p_i and costs C_d (one draft step) and
 C_v(k) = C_v0 + k * c_v (one verification of k drafts plus the last token),
@@ -98,6 +105,44 @@ def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
     return best_k
 
 
+ENTROPY_BIN_NATS = 0.5     # bin width: ~12 bins over the 0-6 nats drafts span, each filled within a few prompts
+ENTROPY_BINS = 12         # the last bin is open: everything above 5.5 nats
+BIN_SHRINKAGE = 4.0       # pseudo-drafts at the overall rate: a bin's own rate takes over after a handful
+
+
+def entropy_bin(entropy: float) -> int:
+    return min(max(int(entropy / ENTROPY_BIN_NATS), 0), ENTROPY_BINS - 1)
+
+
+@dataclass
+class EntropyBins:
+    """Judged drafts counted by entropy bin: `accepted[b]` of `judged[b]` were accepted."""
+    accepted: list[float] = field(default_factory=lambda: [0.0] * ENTROPY_BINS)
+    judged: list[float] = field(default_factory=lambda: [0.0] * ENTROPY_BINS)
+
+    def add(self, entropy: float, accepted: bool, weight: float = 1.0) -> None:
+        b = entropy_bin(entropy)
+        self.judged[b] += weight
+        self.accepted[b] += weight * accepted
+
+    def add_round(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
+        """Drafts 1..accepted were accepted; the first after them was rejected; later ones were never judged."""
+        for h in entropies[:accepted]:
+            self.add(h, True)
+        if accepted < submitted and accepted < len(entropies):
+            self.add(entropies[accepted], False)
+
+    def acceptance(self, entropy: float, rate: float) -> float:
+        b = entropy_bin(entropy)
+        return (self.accepted[b] + BIN_SHRINKAGE * rate) / (self.judged[b] + BIN_SHRINKAGE)
+
+    def scaled(self, weight: float) -> "EntropyBins":
+        """The same shape of evidence, worth `weight` judged drafts in all."""
+        total = sum(self.judged)
+        f = weight / total if total else 0.0
+        return EntropyBins([a * f for a in self.accepted], [n * f for n in self.judged])
+
+
 CONTROLLERS: dict[str, type["Controller"]] = {}   # name -> class, filled as classes are defined
 
 
@@ -125,12 +170,22 @@ class Controller:
 @dataclass(frozen=True)
 class CostProfile:
     """Measured costs of one setting (model, context, method): the median seconds of one draft step
-    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds."""
+    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds.
+
+    The same rounds also say how drafts fare: the mean entropy of accepted drafts and of the first
+    rejected draft of a round, and the share of judged drafts accepted (None when unseen)."""
     draft_step_s: float
     verify_s: dict[int, float]
+    accepted_entropy: float | None = None
+    rejected_entropy: float | None = None
+    acceptance_rate: float | None = None
+    bins: EntropyBins | None = None
 
     def as_dict(self) -> dict:
-        return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())}}
+        return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
+                "accepted_entropy": self.accepted_entropy, "rejected_entropy": self.rejected_entropy,
+                "acceptance_rate": self.acceptance_rate,
+                "bins": None if self.bins is None else {"accepted": self.bins.accepted, "judged": self.bins.judged}}
 
 
 class FixedK(Controller):
@@ -208,6 +263,12 @@ class EntropyController(Controller):
                                  check=in_range(0, 1, high_open=False))
         tau: float = option(1.0, "the paper's softmax over plain L1 distances", check=above(0))
         min_separation: float = option(0.05, "nats; closer centres say nothing, so the prior k stays", check=at_least(0))
+        prior_strength: float = option(16.0, "judged drafts a cost profile's acceptance evidence counts for: "
+                                                   "about a prompt's first 4 rounds, then this prompt's own decide",
+                                       check=at_least(0))
+        acceptance_model: str = option("binned", "binned: measured acceptance by entropy bin; paper: the "
+                                                 "paper's two-centre softmax (under-drafts here, see above)",
+                                       check=one_of("binned", "paper"))
         acceptance_prior: bool = option(True, "weigh p_i by the measured acceptance rate (false: the paper's "
                                               "equal-prior form, which under-drafts at high acceptance)")
         lookahead: str = option("predict", "predict: stop before a draft step expected to lose; exact: the "
@@ -227,13 +288,16 @@ class EntropyController(Controller):
         self.acceptance_prior = o.acceptance_prior
         self.acceptance_fn = acceptance_fn
         self.lookahead = o.lookahead
+        self.prior_strength = o.prior_strength
+        self.acceptance_model = o.acceptance_model
+        self.bins = EntropyBins()
         self.max_k = max(self.candidates + [self.prior_k] + self.warmup_k)
         self.mu_acc: float | None = None
         self.mu_rej: float | None = None
         self.c_draft: float | None = None
         self.c_verify = LinearCostModel(ema=o.ema_cost)
         self.rounds_seen = 0
-        self.n_accepted = self.n_rejected = 0
+        self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
         self._reset_round(limit=self.max_k)
 
     def use_cost_prior(self, profile: CostProfile) -> None:
@@ -243,6 +307,20 @@ class EntropyController(Controller):
         for k, seconds in profile.verify_s.items():
             self.c_verify.by_k[int(k)] = seconds
         self.warmup_rounds = 0
+        self.use_acceptance_prior(profile)
+
+    def use_acceptance_prior(self, profile: CostProfile) -> None:
+        """Start the entropy centres and the acceptance counts from the profile's rounds, worth
+        `prior_strength` judged drafts, instead of Laplace's 1/2 (which opens every prompt at k = 1).
+        This prompt's own rounds move the centres (EMA) and outweigh the counts within a few rounds."""
+        if self.prior_strength <= 0 or profile.acceptance_rate is None:
+            return
+        self.mu_acc = profile.accepted_entropy
+        self.mu_rej = profile.rejected_entropy
+        self.n_accepted = profile.acceptance_rate * self.prior_strength
+        self.n_rejected = (1.0 - profile.acceptance_rate) * self.prior_strength
+        if profile.bins is not None:
+            self.bins = profile.bins.scaled(self.prior_strength)
 
     # --- state ------------------------------------------------------------------------------
     def _reset_round(self, limit: int) -> None:
@@ -257,13 +335,19 @@ class EntropyController(Controller):
         """Costs are measured and entropy can discriminate: the online rule is in charge."""
         if self.rounds_seen < self.warmup_rounds or self.c_draft is None or not self.c_verify.by_k:
             return False
+        if self.acceptance_model == "binned":
+            return True
         centres_equal = (self.mu_acc is not None and self.mu_rej is not None
                          and abs(self.mu_acc - self.mu_rej) < self.min_separation)
         return not centres_equal
 
     def acceptance(self, entropy: float) -> float:
         """p_i. With one centre still unseen (never a rejection, or never an acceptance), entropy
-        cannot be compared, and Laplace's rule of succession on the counts stands in."""
+        cannot be compared, and Laplace's rule of succession on the counts stands in. The binned
+        model shrinks each bin towards that same overall rate."""
+        rate = (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2)
+        if self.acceptance_model == "binned":
+            return self.bins.acceptance(entropy, rate)
         if self.mu_rej is None:
             return (self.n_accepted + 1) / (self.n_accepted + 2)
         if self.mu_acc is None:
@@ -271,7 +355,7 @@ class EntropyController(Controller):
         p = self.acceptance_fn(entropy, self.mu_acc, self.mu_rej, self.tau)
         if not self.acceptance_prior:
             return p
-        return with_base_rate(p, (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2))
+        return with_base_rate(p, rate)
 
     # --- the round protocol -----------------------------------------------------------------
     def start_round(self, limit: int) -> None:
@@ -319,6 +403,7 @@ class EntropyController(Controller):
         self.rounds_seen += 1
         self.n_accepted += accepted
         self.n_rejected += int(accepted < submitted)
+        self.bins.add_round(entropies, accepted, submitted)
         for h in entropies[:accepted]:
             self.mu_acc = h if self.mu_acc is None else (1 - self.ema_entropy) * self.mu_acc + self.ema_entropy * h
         if accepted < submitted:

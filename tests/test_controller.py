@@ -28,7 +28,7 @@ def test_base_rate_reweights_the_equal_prior_posterior():
     assert with_base_rate(0.8, 0.5) == pytest.approx(0.8)      # even prior: the paper's p
     # p = 0.6, rate = 0.75: 0.75*0.6 / (0.75*0.6 + 0.25*0.4) = 0.45 / 0.55
     assert with_base_rate(0.6, 0.75) == pytest.approx(0.45 / 0.55)
-    ctl = EntropyController(acceptance_prior=True)
+    ctl = EntropyController(acceptance_prior=True, acceptance_model="paper")
     ctl.mu_acc, ctl.mu_rej, ctl.n_accepted, ctl.n_rejected = 0.5, 2.5, 28, 8   # rate (28+1)/(36+2)
     assert ctl.acceptance(0.5) == pytest.approx(with_base_rate(paper_acceptance(0.5, 0.5, 2.5), 29 / 38))
     ctl.acceptance_prior = False
@@ -55,7 +55,7 @@ def test_efficiency_inversion_more_expensive_drafts_mean_shorter_k():
 
 
 def test_equal_centres_keep_the_prior_k():
-    ctl = EntropyController(prior_k=5, warmup_rounds=0)
+    ctl = EntropyController(prior_k=5, warmup_rounds=0, acceptance_model="paper")
     ctl.mu_acc = ctl.mu_rej = 1.2
     ctl.c_draft = 0.01
     ctl.c_verify.add(4, 0.1)
@@ -109,7 +109,7 @@ def test_predictive_lookahead_wastes_no_draft_step_when_entropy_is_steady(seed):
 
 
 def test_online_rule_stops_early_on_a_high_entropy_token():
-    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0)
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper")
     ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
     ctl.c_verify.add(4, 0.2)
     drafted, submitted = run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2])
@@ -185,3 +185,52 @@ def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch):
                               stop_at_eos=False, cost_prior=profile)
     assert gen.tokens == ar.tokens
     assert any(r.accept_probs for r in gen.rounds[:2]), "with a prior the rule decides from the first rounds"
+
+
+def test_profile_of_reads_the_acceptance_evidence_of_its_rounds():
+    from sparsespec.calibration import profile_of
+    from sparsespec.generation import Round
+    rounds = [Round(drafted=3, accepted=1, emitted=2, entropies=[0.2, 2.0, 0.1], draft_s=0.03, verify_s=0.1,
+                    draft_steps=3),
+              Round(drafted=2, accepted=2, emitted=3, entropies=[0.4, 0.6], draft_s=0.02, verify_s=0.09,
+                    draft_steps=2)]
+    profile = profile_of(rounds)
+    assert profile.accepted_entropy == pytest.approx((0.2 + 0.4 + 0.6) / 3)
+    assert profile.rejected_entropy == pytest.approx(2.0)          # the first rejected draft only
+    assert profile.acceptance_rate == pytest.approx(3 / 4)          # 3 accepted of 4 judged
+
+
+def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
+    """Without acceptance evidence the rule opens at p = 1/2 (Laplace) and drafts k = 1; seeded by a
+    profile that saw 90% of drafts accepted at low entropy, the same costs choose a longer draft."""
+    from sparsespec.controller import EntropyBins
+    bins = EntropyBins()
+    for _ in range(40):
+        bins.add(0.3, True)                  # low-entropy drafts: always accepted
+    for i in range(10):
+        bins.add(3.6, i < 5)                 # high-entropy drafts: half accepted
+    profile = CostProfile(draft_step_s=0.02, verify_s={1: 0.10, 16: 0.16}, accepted_entropy=0.3,
+                          rejected_entropy=3.0, acceptance_rate=0.9, bins=bins)
+    unseeded = EntropyController(prior_strength=0)
+    unseeded.use_cost_prior(profile)
+    seeded = EntropyController()
+    seeded.use_cost_prior(profile)
+    assert (seeded.mu_acc, seeded.mu_rej) == (0.3, 3.0) and seeded.n_accepted == pytest.approx(0.9 * 16)
+    low = [0.3] * 16
+    assert run_online(unseeded, low)[1] == 1
+    assert run_online(seeded, low)[1] > 4
+    assert seeded.acceptance(0.3) > seeded.acceptance(3.6)     # the bins, not one rate, decide
+    assert sum(seeded.bins.judged) == pytest.approx(16)
+    seeded.observe([3.0], accepted=0, submitted=1, draft_step_s=0.02, verify_s=0.1)
+    assert seeded.n_rejected == pytest.approx(0.1 * 16 + 1)        # online rounds add to the pseudo-counts
+    assert sum(seeded.bins.judged) == pytest.approx(17)
+
+
+def test_binned_acceptance_is_the_measured_rate_of_a_bin_shrunk_towards_the_overall_rate():
+    from sparsespec.controller import BIN_SHRINKAGE, EntropyBins
+    bins = EntropyBins()
+    bins.add_round([0.1, 0.2, 4.0, 0.1], accepted=2, submitted=4)   # 2 accepted, 4.0 rejected, last never judged
+    assert sum(bins.judged) == 3 and sum(bins.accepted) == 2
+    assert bins.acceptance(0.15, rate=0.5) == pytest.approx((2 + BIN_SHRINKAGE * 0.5) / (2 + BIN_SHRINKAGE))
+    assert bins.acceptance(4.2, rate=0.5) == pytest.approx((0 + BIN_SHRINKAGE * 0.5) / (1 + BIN_SHRINKAGE))
+    assert bins.acceptance(9.0, rate=0.7) == pytest.approx(0.7)     # an empty (open last) bin: the overall rate

@@ -1,0 +1,135 @@
+"""What a verification costs, and which kernel choices change it (issue: cheaper verification).
+
+    python experiments/verify_cost.py --model smollm2_135m --ctx 8000 [--out docs/runs/verify_cost]
+
+Two measurements, timing only (random token ids; the values never change the work done):
+1. every distinct nn.Linear shape of the model, at 1 row (an AR step) and at q rows (a verification of
+   q - 1 drafts), computed four ways: nn.Linear (x @ W^T), the weight stored column-major,
+   W @ x^T, and fused Q|K|V and gate|up projections;
+2. one forward of q tokens over a `ctx`-token cache, the way the decode loop verifies (explicit
+   packed-GQA attention), with and without recording the attention each position received
+   (SparseSpec-L's recycled scores), as a multiple of one AR step at the same context.
+
+Prints one table and, with --out, writes verify_cost.json and verify_cost.md there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sparsespec.attention import ExplicitAttentionHook, attention_received  # noqa: E402
+from sparsespec.decode import sparsespec_attention, verify_logits  # noqa: E402
+from sparsespec.harness.environment import cpu_name  # noqa: E402
+from sparsespec.models import load_model  # noqa: E402
+from sparsespec.shared_prefill import run_prefill  # noqa: E402
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()                                                           # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def linear_layouts(model, rows: list[int], repeats: int) -> list[dict]:
+    """Per distinct Linear shape: ms of each way to compute x @ W^T for each row count."""
+    layer = model.get_decoder().layers[0]
+    shapes = {tuple(m.weight.shape): m.weight.detach() for m in layer.modules() if isinstance(m, torch.nn.Linear)}
+    out = []
+    for (o, i), w in sorted(shapes.items()):
+        column_major = w.t().contiguous().t()
+        for q in rows:
+            x = torch.randn(q, i)
+            out.append({"weight": f"{o}x{i}", "rows": q,
+                        "linear_ms": median_ms(lambda: torch.nn.functional.linear(x, w), repeats),
+                        "column_major_ms": median_ms(lambda: torch.nn.functional.linear(x, column_major), repeats),
+                        "w_at_xT_ms": median_ms(lambda: torch.matmul(w, x.T).T, repeats)})
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+    for q in rows:
+        x = torch.randn(q, qkv.shape[1])
+        out.append({"weight": "q+k+v", "rows": q,
+                    "separate_ms": median_ms(lambda: [torch.nn.functional.linear(x, p.weight) for p in
+                                                      (attn.q_proj, attn.k_proj, attn.v_proj)], repeats),
+                    "fused_ms": median_ms(lambda: torch.nn.functional.linear(x, qkv), repeats)})
+        out.append({"weight": "gate+up", "rows": q,
+                    "separate_ms": median_ms(lambda: [mlp.gate_proj(x), mlp.up_proj(x)], repeats),
+                    "fused_ms": median_ms(lambda: torch.nn.functional.linear(x, gate_up), repeats)})
+    return out
+
+
+def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> list[dict]:
+    """ms of one forward of q tokens over a ctx-token cache, without and with recording."""
+    vocab = model.get_input_embeddings().num_embeddings
+    prompt = torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(0))
+    with sparsespec_attention(model), torch.inference_mode():
+        shared = run_prefill(model, prompt, [], capacity=ctx + max(rows) + 1, exclusive=True)
+        cache = shared.cache_for(ctx + max(rows) + 1)
+
+        def forward(q, hook):
+            ids = torch.randint(0, vocab, (1, q))
+            positions = torch.arange(ctx, ctx + q).view(1, -1)
+            verify_logits(model, input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                          attn_hook=hook)
+            cache.truncate(ctx)
+
+        recorded = {}
+        out = []
+        for q in rows:
+            plain = median_ms(lambda: forward(q, ExplicitAttentionHook()), repeats)
+            recording = median_ms(lambda: forward(q, ExplicitAttentionHook(
+                lambda layer, probs: recorded.__setitem__(layer, attention_received(probs)))), repeats)
+            out.append({"ctx": ctx, "rows": q, "plain_ms": plain, "recording_ms": recording})
+    ar = next(r["plain_ms"] for r in out if r["rows"] == 1)
+    for r in out:
+        r["plain_in_ar_steps"] = r["plain_ms"] / ar
+        r["recording_in_ar_steps"] = r["recording_ms"] / ar
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "–"))
+                                       for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2_135m", help="an embedded model: smollm2_135m, qwen2.5_coder_0.5b")
+    parser.add_argument("--ctx", type=int, default=8000, help="cached tokens the verification attends to")
+    parser.add_argument("--rows", default="1,5,9", help="tokens per forward; 1 is the AR step")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    model, _ = load_model({"name": args.model, "embedded": args.model}, device="cpu")
+    linears = linear_layouts(model, rows, args.repeats * 4)
+    forwards = verification_forwards(model, args.ctx, rows, args.repeats)
+    text = (f"model {args.model}, {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads\n\n"
+            f"Linear layers of one decoder layer (ms):\n\n{markdown(linears)}\n\n"
+            f"One forward over {args.ctx} cached tokens (ms; in AR steps = / the 1-row forward):\n\n{markdown(forwards)}\n")
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "verify_cost.json").write_text(json.dumps({"model": args.model, "ctx": args.ctx,
+                                                               "linears": linears, "forwards": forwards}, indent=1))
+        (args.out / "verify_cost.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
