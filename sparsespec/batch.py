@@ -456,7 +456,7 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
             while True:
                 logits = drafter.step(token, position)                                # (B, V)
                 steps += 1
-                token, p = sampler.pick(logits)                                       # (B,), (B, V) | None
+                token, p = pick_rows(sampler, logits)                                 # (B,), (B, V) | None
                 drafted.append(token)
                 entropies.append(entropy(logits).tolist())                            # one sync per step
                 if p is not None:
@@ -501,6 +501,15 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,
                               verify_s=verify_s, select_s=select_s, draft_steps=steps, **trace))
         s.tokens.extend(st.ids[st.length - a:st.length + 1].tolist())
+
+
+def pick_rows(sampler: Sampler, logits: torch.Tensor):
+    """One token per row of (B, V) logits: (B,) tokens and (B, V) distributions (None when greedy).
+    Each row is drawn by `sampler.draw` on its own (V,) distribution, as a sequence alone is."""
+    if sampler.greedy:
+        return logits.argmax(dim=-1), None
+    probs = sampler.probs(logits)
+    return torch.stack([sampler.draw(p) for p in probs]), probs
 
 
 def cut_and_check(s: Sequence, stop_ids) -> bool:
