@@ -201,3 +201,60 @@ def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
     dist = joint_distribution(model, prompts, method, **options)
     assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)
     assert total_variation(dist, exact) < 1e-4
+
+
+# --- the harness: batch_size= --------------------------------------------------------------------
+
+@pytest.fixture
+def harness_run(monkeypatch):
+    """The harness in-process on the tiny Llama with prompts of mixed lengths (test_bench.py's way)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+
+    import sparsespec.harness.runner as runner
+    from test_bench import Tokenizer
+
+    model = build_tiny("llama")
+    lengths = (300, 120, 250, 90, 200)
+    prompts = [SimpleNamespace(id=f"p{i}", input_ids=random_prompt(n, seed=i)[0], reference=None)
+               for i, n in enumerate(lengths)]
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (model, Tokenizer(), prompts[:cfg.num_prompts]))
+    conf = Path(__file__).resolve().parents[1] / "conf"
+
+    def run(folder, *overrides):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose("config", overrides=["logger=none", "ctx=1k", "num_prompts=5", "max_new_tokens=12",
+                                               "warmup=true", *overrides])
+            return runner.run(cfg, folder)
+    return run, model, prompts
+
+
+def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run, tmp_path):
+    import json
+    run, model, prompts = harness_run
+    summaries = run(tmp_path / "b", "batch_size=2", "bench.methods=['sparsespec_fixed:k=3,budget=0.3',streaming]")
+    for entry, summary in summaries.items():
+        assert summary["run"]["batch_size"] == 2
+        metrics = summary["metrics"]
+        assert metrics["batch_size"] == 2 and metrics["n_batches"] == 3 and metrics["batch_tokens_per_s"] > 0
+        if entry != "ar":
+            assert metrics["outputs_match_ar"] == 1.0          # every sequence compared, every one equal
+            assert metrics["batch_speedup_vs_ar"] > 0
+    folder = tmp_path / "b" / "sparsespec_fixed-k=3-budget=0.3"
+    samples = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    assert [s["prompt_id"] for s in samples] == [f"p{i}" for i in range(5)]
+    assert [s["batch_row"] for s in samples] == [0, 1, 0, 1, 0]
+    assert all(s["outputs_match_ar"] is True for s in samples)
+    alone = [sparsespec.generate(model, p.input_ids, method="ar", max_new_tokens=12, stop_at_eos=False).tokens
+             for p in prompts]
+    assert [s["text"] for s in samples] == [" ".join(map(str, t)) for t in alone]
+
+
+def test_harness_refuses_a_method_that_does_not_run_batched(harness_run, tmp_path):
+    run, _, _ = harness_run
+    with pytest.raises(ConfigError, match="does not run batched"):
+        run(tmp_path / "c", "batch_size=2", "method=pld")
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        run(tmp_path / "d", "batch_size=0")
