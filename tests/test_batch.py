@@ -258,3 +258,29 @@ def test_harness_refuses_a_method_that_does_not_run_batched(harness_run, tmp_pat
         run(tmp_path / "c", "batch_size=2", "method=pld")
     with pytest.raises(ConfigError, match="batch_size=0"):
         run(tmp_path / "d", "batch_size=0")
+
+
+# --- lm-eval: --batch_size ------------------------------------------------------------------------
+
+def test_lm_eval_model_generates_a_padded_batch_like_each_request_alone(references, monkeypatch):
+    from sparsespec import lm_eval_model
+
+    model, prompts, alone = references["qwen2"]
+    stop = next(t for t in range(128) if all(t not in ref[:10] for ref in alone[1:4]))
+    lm = object.__new__(lm_eval_model.SparseSpecLM)          # no HFLM loading: just the generation path
+    lm.method, lm.method_options, lm._batch_generations = "sparsespec", dict(controller="fixed", k=3, **TINY_BUDGET), {}
+    lm.generation_batch_size = 3
+    lm.stop_token_ids = lambda: [stop]
+    monkeypatch.setattr(lm_eval_model.SparseSpecLM, "model", property(lambda self: model))
+    rows = prompts[1:4]                                       # 90, 200, 40 tokens, left-padded to 200
+    width = max(p.numel() for p in rows)
+    context = torch.full((3, width), 7, dtype=torch.long)
+    mask = torch.zeros_like(context)
+    for b, p in enumerate(rows):
+        context[b, width - p.numel():], mask[b, width - p.numel():] = p, 1
+    out = lm._model_generate(context, max_length=width + 10, stop=[], attention_mask=mask, do_sample=False)
+    assert out.shape[0] == 3 and torch.equal(out[:, :width], context)
+    for b, ref in enumerate(alone[1:4]):
+        new = out[b, width:].tolist()
+        assert new[:10] == ref[:10]
+        assert lm._batch_generations[tuple(rows[b].tolist())].tokens == ref[:10]
