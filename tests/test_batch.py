@@ -284,3 +284,24 @@ def test_lm_eval_model_generates_a_padded_batch_like_each_request_alone(referenc
         new = out[b, width:].tolist()
         assert new[:10] == ref[:10]
         assert lm._batch_generations[tuple(rows[b].tolist())].tokens == ref[:10]
+
+
+def test_bench_batch_experiment_cells_are_valid(tmp_path):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    import sparsespec.harness.runner as runner
+    from sparsespec.harness.checks import check_config
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=bench_batch_cpu"], return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        assert str(params.batch_size).split(",") == ["1", "2", "4", "8"]
+        for ctx in str(params.ctx).split(","):
+            for size in str(params.batch_size).split(","):
+                cell = compose("config", overrides=["experiment=bench_batch_cpu", f"ctx={ctx}", f"batch_size={size}"])
+                check_config(cell)
+                assert cell.num_prompts % int(size) == 0
+                for method_run in runner.method_runs(cell, tmp_path):
+                    runner.check_method_run(method_run)

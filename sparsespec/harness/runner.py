@@ -232,7 +232,7 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg
     import sparsespec
 
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
-    return {label: sparsespec.generate(model, [ids.view(-1) for ids in inputs], method=method,
+    return {label: sparsespec.generate(model, [torch.as_tensor(ids).view(-1) for ids in inputs], method=method,
                                        max_new_tokens=max_new_tokens, **common, **options)
             for label, (method, options) in decoders.items()}
 
@@ -287,7 +287,7 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
     max_new = min(WARMUP_TOKENS, cfg.max_new_tokens)
     decoders = decoders_for([r for r in runs if not r.done(prompt)], cfg)
     if batch_size(cfg) > 1:     # the batched path, on copies of the prompt's prefix
-        decode_batch(model, [prompt.input_ids[..., :WARMUP_PREFIX]] * batch_size(cfg), decoders, cfg, cfg.seed,
+        decode_batch(model, [torch.as_tensor(prompt.input_ids).view(-1)[:WARMUP_PREFIX]] * batch_size(cfg), decoders, cfg, cfg.seed,
                      max_new)
         return
     try:
