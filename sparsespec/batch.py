@@ -54,9 +54,13 @@ def batched_methods() -> list[str]:
 # --- input: a batch of prompts ----------------------------------------------------------------
 
 def is_batch(input_ids, attention_mask) -> bool:
-    """A list/tuple of prompts, a 2-D batch of more than one row, or any input with a mask."""
-    if attention_mask is not None or isinstance(input_ids, (list, tuple)):
+    """A list/tuple of prompts (tensors or lists: a flat list of ints is one prompt), a 2-D batch of
+    more than one row, or any input with a mask."""
+    if attention_mask is not None:
         return True
+    if isinstance(input_ids, (list, tuple)):
+        return bool(input_ids) and all(isinstance(p, (list, tuple)) or (isinstance(p, torch.Tensor) and p.dim() > 0)
+                                       for p in input_ids)
     return isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1
 
 

@@ -148,8 +148,11 @@ def test_bad_batch_inputs_are_one_line_errors(references):
     with pytest.raises(ConfigError, match="attention_mask shape"):
         sparsespec.generate(model, torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4),
                             method="ar", max_new_tokens=2)
-    with pytest.raises(ConfigError, match="empty list"):
+    with pytest.raises(ConfigError, match="non-empty prompt"):     # an empty list is an empty prompt
         sparsespec.generate(model, [], method="ar", max_new_tokens=2)
+    with pytest.raises(ConfigError, match="non-empty prompt"):
+        sparsespec.generate(model, [prompts[0], torch.ones(0, dtype=torch.long)], method="ar", max_new_tokens=2)
+    assert isinstance(sparsespec.generate(model, [5, 6, 7], method="ar", max_new_tokens=2), sparsespec.Generation)
     with pytest.raises(ConfigError, match="compile_draft"):
         sparsespec.generate(model, prompts[:2], method="sparsespec", compile_draft=True, max_new_tokens=2)
 
