@@ -37,6 +37,8 @@ from .eos import through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .methods.ar import AutoregressiveDrafter
+from .methods.layerskip import LayerSkipDrafter, early_exit
+from .methods.pld import PromptLookupDrafter, lookup_continuation
 from .methods.base import DecodeState
 from .methods.sparse_kv import GatheredKVDrafter
 from .sampling import Sampler, accept_greedy, accept_sampling, entropy
@@ -48,7 +50,7 @@ from .timing import Stopwatch, synchronize
 def batched_methods() -> list[str]:
     from .methods import METHODS
     return sorted(name for name, cls in METHODS.items()
-                  if issubclass(cls, (AutoregressiveDrafter, GatheredKVDrafter)))
+                  if issubclass(cls, (AutoregressiveDrafter, GatheredKVDrafter, PromptLookupDrafter, LayerSkipDrafter)))
 
 
 # --- input: a batch of prompts ----------------------------------------------------------------
@@ -296,7 +298,39 @@ def pad_positions(per_seq: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-class BatchDrafter:
+class BatchModelDraft:
+    """A batched draft that runs a model one token per step: `prepare` once per round, then
+    `step(tokens (B,), positions (B,)) -> (B, V)` until the controller stops, then `finish`."""
+
+    def prepare(self, target: BatchCache, rows: list[int]) -> None:
+        pass
+
+    def finish(self, target: BatchCache) -> None:
+        pass
+
+    def draft(self, target: BatchCache, active: list, last: torch.Tensor, controller, sampler, timers):
+        """-> (tokens: list of (B,), probs: list of (B, V) (sampling), entropies[step] (B floats), steps)."""
+        drafted, probs, entropies, steps = [], [], [], 0
+        with timers.select:
+            self.prepare(target, [s.index for s in active])
+        with timers.draft:
+            token, position = last, target.lengths.clone()
+            while True:
+                logits = self.step(token, position)                                   # (B, V)
+                steps += 1
+                token, p = pick_rows(sampler, logits)                                 # (B,), (B, V) | None
+                drafted.append(token)
+                entropies.append(entropy(logits).tolist())                            # one sync per step
+                if p is not None:
+                    probs.append(p)
+                if not controller.keep_drafting_batch([list(col) for col in zip(*entropies)]):
+                    break
+                position = position + 1
+            self.finish(target)
+        return drafted, probs, entropies, steps
+
+
+class BatchDrafter(BatchModelDraft):
     """Runs the per-sequence policies of a gathered sparse-KV method as one batched draft."""
 
     def __init__(self, model, drafters: list, windows: list, max_k: int):
@@ -321,6 +355,64 @@ class BatchDrafter:
         out = self.model(input_ids=tokens.view(-1, 1), position_ids=positions.view(-1, 1),
                          past_key_values=self.cache, use_cache=True, attn_hook=self.hook, logits_to_keep=1)
         return out.logits[:, -1]
+
+
+class BatchEarlyExit(BatchModelDraft):
+    """LayerSkip batched: the first `exit_layer` layers draft over the target's own `BatchCache`
+    (step s of sequence b writes slot L_b + s, attends with the verification mask); the lengths
+    are restored afterwards, so verification overwrites those slots."""
+
+    def __init__(self, drafter: LayerSkipDrafter, windows: list):
+        self.model, self.exit_layer, self.windows = drafter.drafting_model, drafter.exit_layer, windows
+        self.target = self.lengths = None
+
+    def prepare(self, target: BatchCache, rows: list[int]) -> None:
+        self.target, self.lengths = target, list(target.length_list)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.target.set_lengths(positions.tolist())
+        hook = BatchVerifyHook(self.target, self.windows, [None] * tokens.shape[0])
+        with early_exit(self.model, self.exit_layer):
+            out = self.model(input_ids=tokens.view(-1, 1), position_ids=positions.view(-1, 1),
+                             past_key_values=self.target, use_cache=True, attn_hook=hook, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def finish(self, target: BatchCache) -> None:
+        target.set_lengths(self.lengths)                                              # the rollback
+
+
+class BatchLookup:
+    """Prompt lookup batched: each sequence looks up its own continuation; the batch drafts as many
+    tokens as the controller allows and the longest lookup has. A sequence with a shorter lookup
+    pads it with its last token: a deterministic draft like any other (greedy rejects it unless the
+    target agrees; sampling accepts it with probability p(d), q being one-hot), so nothing is lost."""
+
+    def __init__(self, drafter: PromptLookupDrafter, max_k: int):
+        self.max_ngram, self.max_k = drafter.max_ngram, max_k
+
+    def draft(self, target: BatchCache, active: list, last: torch.Tensor, controller, sampler, timers):
+        with timers.draft:
+            proposals = [lookup_continuation(s.state.history(), self.max_ngram, self.max_k) for s in active]
+            longest = max(p.numel() for p in proposals)
+            drafted = []
+            for j in range(longest):
+                drafted.append(torch.stack([p[j] if j < p.numel() else (p[-1] if p.numel() else s.state.last.view(()))
+                                            for p, s in zip(proposals, active)]))
+                if not controller.keep_drafting_batch([[0.0] * (j + 1) for _ in active]):
+                    break
+        return drafted, [], [[0.0] * len(active) for _ in drafted], 0
+
+
+def batch_draft_for(model, seqs: list, windows: list, max_k: int):
+    """The batched draft of the sequences' method (None for AR)."""
+    first = seqs[0].drafter
+    if isinstance(first, GatheredKVDrafter):
+        return BatchDrafter(model, [s.drafter for s in seqs], windows, max_k)
+    if isinstance(first, LayerSkipDrafter):
+        return BatchEarlyExit(first, windows)
+    if isinstance(first, PromptLookupDrafter):
+        return BatchLookup(first, max_k)
+    return None
 
 
 # --- the loop ----------------------------------------------------------------------------------
@@ -402,8 +494,7 @@ def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_t
     cache = BatchCache(num_decoder_layers(model), capacity, [p.numel() for p in prompts], device)
     cache.load(prefills)
     del prefills
-    drafts = isinstance(built[0][0], GatheredKVDrafter)
-    drafter = BatchDrafter(model, [s.drafter for s in seqs], windows, controller.max_k) if drafts else None
+    drafter = batch_draft_for(model, seqs, windows, controller.max_k)
 
     from .decode import sparsespec_attention
     active = [s for s in seqs if not s.done(stop_ids)]
@@ -453,22 +544,8 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
     drafted, probs, entropies, steps = [], [], [], 0
     last = torch.stack([s.state.last.view(()) for s in active])                       # (B,)
     if drafter is not None and wanted > 1:
-        with select:
-            drafter.prepare(cache, [s.index for s in active])
-        with draft:
-            token, position = last, cache.lengths.clone()
-            while True:
-                logits = drafter.step(token, position)                                # (B, V)
-                steps += 1
-                token, p = pick_rows(sampler, logits)                                 # (B,), (B, V) | None
-                drafted.append(token)
-                entropies.append(entropy(logits).tolist())                            # one sync per step
-                if p is not None:
-                    probs.append(p)
-                per_seq = [list(col) for col in zip(*entropies)]                      # [b][i]
-                if not controller.keep_drafting_batch(per_seq):
-                    break
-                position = position + 1
+        drafted, probs, entropies, steps = drafter.draft(cache, active, last, controller, sampler,
+                                                         RoundWatches(select, draft))
     k = controller.submit_count(len(drafted)) if drafted else 0
     drafts = torch.stack(drafted[:k], dim=1) if k else last.new_zeros(len(active), 0)  # (B, k)
     per_seq = [list(col)[:k] for col in zip(*entropies)] if entropies else [[] for _ in active]
@@ -486,7 +563,7 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
             if sampler.greedy:
                 a, nxt = accept_greedy(drafts[row], logits[row])
             else:
-                q = torch.stack([p[row] for p in probs[:k]]) if k else None
+                q = torch.stack([p[row] for p in probs[:k]]) if k and probs else None   # None: one-hot drafts
                 a, nxt = accept_sampling(drafts[row], q, logits[row], sampler)
             st = s.state
             st.ids[st.length + 1:st.length + 1 + a] = drafts[row, :a]
@@ -505,6 +582,11 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,
                               verify_s=verify_s, select_s=select_s, draft_steps=steps, **trace))
         s.tokens.extend(st.ids[st.length - a:st.length + 1].tolist())
+
+
+class RoundWatches:
+    def __init__(self, select, draft):
+        self.select, self.draft = select, draft
 
 
 def pick_rows(sampler: Sampler, logits: torch.Tensor):

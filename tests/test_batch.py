@@ -28,6 +28,9 @@ CASES = {
     "streaming": ("streaming", dict(k=4, sink=2, budget=24)),
     "snapkv_static": ("snapkv_static", dict(k=4, **MID_BUDGET)),
     "h2o-fixed-tiny": ("h2o", dict(controller="fixed", k=3, **TINY_BUDGET)),
+    "pld": ("pld", dict(k=5)),
+    "layerskip": ("layerskip", dict(k=3, exit_layer=2)),
+    "layerskip-entropy": ("layerskip", dict(controller="entropy", exit_layer=3, draft_weights="full")),
 }
 
 
@@ -66,6 +69,8 @@ def test_batch_greedy_is_token_identical_to_ar_alone(references, arch, case):
         assert any(r.accepted < r.drafted for g in gens for r in g.rounds)
         assert any(len({g.rounds[i].accepted for g in gens if len(g.rounds) > i}) > 1
                    for i in range(min(len(g.rounds) for g in gens)))
+    if method != "ar":
+        assert any(r.drafted for g in gens for r in g.rounds), "nothing was drafted: the case proves nothing"
     if case.endswith("-over"):
         assert all(g.acceptance_rate == 1.0 for g in gens)
     assert gens.tokens_per_s > 0 and gens.decode_s >= max(g.decode_s for g in gens) * 0.999
@@ -136,7 +141,7 @@ def test_batch_rule_is_the_mean_survival():
     assert survival(c._probs) == pytest.approx(expected[:len(c._probs)])
 
 
-@pytest.mark.parametrize("method,options", [("pld", dict(k=3)), ("quest", {}), ("layerskip", dict(exit_layer=2))])
+@pytest.mark.parametrize("method,options", [("quest", {}), ("oracle", {}), ("assisted", dict(draft_model="truncated:1"))])
 def test_methods_not_batched_say_so(references, method, options):
     model, prompts, _ = references["llama"]
     with pytest.raises(ConfigError, match=rf"{method!r} does not run batched.*\['ar', "):
@@ -194,6 +199,8 @@ def model_distribution(model, prompt) -> dict[tuple, float]:
 
 @pytest.mark.parametrize("method,options", [
     ("sparsespec", dict(controller="fixed", k=2, sink=1, recent=2, topk=2, draft_weights="full")),
+    ("layerskip", dict(k=2, exit_layer=1, draft_weights="full")),
+    ("pld", dict(k=2)),
     ("ar", {})])
 @torch.inference_mode()
 def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
@@ -258,7 +265,7 @@ def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run,
 def test_harness_refuses_a_method_that_does_not_run_batched(harness_run, tmp_path):
     run, _, _ = harness_run
     with pytest.raises(ConfigError, match="does not run batched"):
-        run(tmp_path / "c", "batch_size=2", "method=pld")
+        run(tmp_path / "c", "batch_size=2", "method=quest")
     with pytest.raises(ConfigError, match="batch_size=0"):
         run(tmp_path / "d", "batch_size=0")
 
