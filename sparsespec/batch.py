@@ -22,7 +22,15 @@ with pi^b the survival of sequence b from its own draft entropies; C_d and C_v a
 step's measured costs. Each sequence's `Round` records its own accepted count and entropies; the
 times in it are the batch's (shared by every sequence of that round).
 
-Methods that run batched: `BATCHED_METHODS`. Any other method is a ConfigError, never a silent loop.
+Drafts: the gathered sparse-KV policies (sparsespec, streaming, snapkv_static, h2o) gather each
+sequence's own per-layer, per-KV-head positions into one padded (B, Hkv, M, D) draft cache
+(`BatchDrafter`); LayerSkip drafts with the first layers over the batch cache (`BatchEarlyExit`);
+prompt lookup looks up per sequence (`BatchLookup`); AR drafts nothing. `batched_methods()` lists
+them; any other method is a ConfigError, never a silent loop over sequences.
+
+Sampling: one `Sampler` for the batch; each row is drawn on its own and each sequence runs exact
+rejection sampling on its own drafts (`accept_sampling`), so each output keeps the model's
+distribution (tests/test_batch.py enumerates the joint distribution of a batch of two).
 """
 from __future__ import annotations
 
