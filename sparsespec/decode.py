@@ -170,7 +170,6 @@ def generate_batch(model, input_ids, attention_mask, *, method, max_new_tokens, 
         raise ConfigError("generate(prefilled=...) decodes one prompt; a batch prefills its own prompts")
     method = method or "sparsespec"
     max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
-    build_method(model, 1, method, max_new_tokens, dict(options))      # every option checked first
     prompts = batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids))
     device = prompts[0].device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
