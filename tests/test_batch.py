@@ -315,3 +315,11 @@ def test_bench_batch_experiment_cells_are_valid(tmp_path):
                 assert cell.num_prompts % int(size) == 0
                 for method_run in runner.method_runs(cell, tmp_path):
                     runner.check_method_run(method_run)
+
+
+def test_batched_sampling_is_reproducible_with_a_seed(references):
+    model, prompts, _ = references["qwen2"]
+    runs = [sparsespec.generate(model, prompts[:3], method="sparsespec", temperature=0.8, top_p=0.9, seed=5,
+                                max_new_tokens=16, stop_at_eos=False, recent=8, budget=30) for _ in range(2)]
+    assert [g.tokens for g in runs[0]] == [g.tokens for g in runs[1]]
+    assert len({tuple(g.tokens) for g in runs[0]}) == 3
