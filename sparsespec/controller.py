@@ -166,6 +166,18 @@ class Controller:
     def use_cost_prior(self, profile: "CostProfile") -> None:
         """Start from measured costs (`sparsespec.calibration`); controllers that ignore costs ignore it."""
 
+    # --- a batch (sparsespec/batch.py): one k for every sequence ---------------------------------
+    def keep_drafting_batch(self, entropies: Sequence[Sequence[float]]) -> bool:
+        """`entropies[b]`: sequence b's draft entropies this round (all the same length). A
+        controller that does not read entropy decides on the count alone."""
+        return self.keep_drafting(entropies[0])
+
+    def observe_batch(self, entropies: Sequence[Sequence[float]], accepted: Sequence[int], submitted: int,
+                      draft_step_s: float | None, verify_s: float) -> None:
+        """What one batched verification decided, per sequence; the costs are the batch's. Count
+        controllers learn from the batch's worst sequence (every draft accepted only if all were)."""
+        self.observe(entropies[0] if entropies else [], min(accepted), submitted, draft_step_s, verify_s)
+
 
 @dataclass(frozen=True)
 class CostProfile:
@@ -372,6 +384,24 @@ class EntropyController(Controller):
         if self._fixed is not None:
             return j < self._fixed
         self._probs.append(self.acceptance(float(entropies[-1])))  # one sync per draft step
+        return self._decide()
+
+    def keep_drafting_batch(self, entropies: Sequence[Sequence[float]]) -> bool:
+        """The batch rule: R(k) = sum_b (1 + sum_{m<=k} pi^b_m) / (k C_d + C_v(k)), i.e. the online
+        rule on the batch's mean survival pibar_m = mean_b pi^b_m (non-increasing, so the rule's
+        unimodality argument holds). `_probs` holds pibar's ratios p_j = pibar_j / pibar_{j-1},
+        so the trace's `survival` is pibar."""
+        j = len(entropies[0])
+        if self._fixed is not None:
+            return j < self._fixed
+        pibar = sum(survival([self.acceptance(float(h)) for h in seq])[-1] for seq in entropies) / len(entropies)
+        before = survival(self._probs)[-1] if self._probs else 1.0
+        self._probs.append(pibar / before if before > 0 else 0.0)
+        return self._decide()
+
+    def _decide(self) -> bool:
+        """The online rule after draft token j = len(_probs) (module docstring)."""
+        j = len(self._probs)
         pis = survival(self._probs)
         if j in self.candidates:
             r = expected_ratio(pis, j, self.c_draft, self.c_verify)
@@ -401,6 +431,18 @@ class EntropyController(Controller):
     def observe(self, entropies: Sequence[float], accepted: int, submitted: int,
                 draft_step_s: float | None, verify_s: float) -> None:
         self.rounds_seen += 1
+        self._learn(entropies, accepted, submitted)
+        self._learn_costs(submitted, draft_step_s, verify_s)
+
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+        """Every sequence's tokens update the entropy centres and counts; the round count and the
+        costs (the batch's) update once."""
+        self.rounds_seen += 1
+        for seq_entropies, a in zip(entropies, accepted):
+            self._learn(seq_entropies, a, submitted)
+        self._learn_costs(submitted, draft_step_s, verify_s)
+
+    def _learn(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
         self.n_accepted += accepted
         self.n_rejected += int(accepted < submitted)
         self.bins.add_round(entropies, accepted, submitted)
@@ -409,6 +451,8 @@ class EntropyController(Controller):
         if accepted < submitted:
             h = entropies[accepted]
             self.mu_rej = h if self.mu_rej is None else (1 - self.ema_entropy) * self.mu_rej + self.ema_entropy * h
+
+    def _learn_costs(self, submitted: int, draft_step_s: float | None, verify_s: float) -> None:
         if draft_step_s is not None:
             self.c_draft = draft_step_s if self.c_draft is None else \
                 (1 - self.ema_cost) * self.c_draft + self.ema_cost * draft_step_s

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import attention
+from . import attention, batch
 from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
@@ -120,18 +120,27 @@ def check_prefilled(prefilled: Prefilled, prompt: torch.Tensor, method, max_new_
 def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int | None = None,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
-             cost_prior=None, **method_options) -> Generation:
+             cost_prior=None, attention_mask=None, **method_options) -> Generation:
     """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
     tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
     `prefill()`), start from that shared prefill instead of running one; the method, its options and
     max_new_tokens are the prefill's. `cost_prior`: a `CostProfile` (sparsespec.calibration) the
-    controller starts from."""
+    controller starts from.
+
+    A batch (a list of 1-D prompts, (B, L) ids with B > 1, or padded ids with `attention_mask`)
+    is decoded together by sparsespec/batch.py and returns a `BatchGenerations`: a list of one
+    `Generation` per prompt, in order."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
             or not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"temperature={temperature!r} must be a finite number >= 0 (0 means greedy)")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be a number in (0, 1]")
     device = next(model.parameters()).device
+    if batch.is_batch(input_ids, attention_mask):
+        return generate_batch(model, input_ids, attention_mask, method=method, max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
+                              eos_token_id=eos_token_id, prefilled=prefilled, cost_prior=cost_prior,
+                              options=method_options)
     prompt = prompt_of(model, input_ids)
     if prefilled is None:
         prefilled = prefill_alone(model, prompt, method or "sparsespec",
@@ -152,6 +161,23 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     gen.method = prefilled.method
     gen.options = {**prefilled.options, **prefilled.drafter.resolved_options}
     return gen
+
+
+def generate_batch(model, input_ids, attention_mask, *, method, max_new_tokens, temperature, top_p, seed,
+                   stop_at_eos, eos_token_id, prefilled, cost_prior, options) -> "batch.BatchGenerations":
+    """`generate` for a batch of prompts (sparsespec/batch.py)."""
+    if prefilled is not None:
+        raise ConfigError("generate(prefilled=...) decodes one prompt; a batch prefills its own prompts")
+    method = method or "sparsespec"
+    max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
+    prompts = batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids))
+    device = prompts[0].device
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
+    stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
+    return batch.generate_batch(model, prompts, method=method, max_new_tokens=max_new_tokens, sampler=sampler,
+                                stop_ids=stop_ids, cost_prior=cost_prior, options=options,
+                                build_method=build_method)
 
 
 def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict) -> Prefilled:

@@ -2,8 +2,10 @@
 
 Everything but generation is lm-eval's own `HFLM`: loading, tokenization, truncation, chat templates
 and log-likelihoods (so `loglikelihood` scores equal the `hf` model's exactly). Each `generate_until`
-request is decoded alone (batch size 1) by `sparsespec.generate` with the method and options given in
-`--model_args`, e.g.
+request is decoded by `sparsespec.generate` with the method and options given in `--model_args`: with
+`--batch_size N` (N > 1) and a method that runs batched (sparsespec/batch.py), HFLM's own batches of N
+left-padded requests are decoded together, each request lossless as if alone; other methods decode one
+request at a time (a warning says so; `batch_size` still batches log-likelihoods). E.g.
 
     pretrained=meta-llama/Meta-Llama-3-8B-Instruct,method=sparsespec,controller=entropy,recent=64
 
@@ -58,10 +60,25 @@ class SparseSpecLM(HFLM):
         self.method_options = options
         self.request_stats: list[dict] = []
         self._last_generation = None
+        self._batch_generations: dict[tuple, object] = {}     # unpadded context ids -> Generation
+        self.generation_batch_size = self.generation_batch_size_for(self.batch_size)
+
+    def generation_batch_size_for(self, batch_size) -> int:
+        from sparsespec.batch import batched_methods
+        size = int(batch_size) if str(batch_size).isdigit() else 1
+        if size > 1 and self.method not in batched_methods():
+            logger.warning("method %s does not run batched (batched methods: %s); generate_until decodes one "
+                           "request at a time, batch_size=%d batches log-likelihoods only",
+                           self.method, ", ".join(batched_methods()), size)
+            return 1
+        return size
 
     # --- generation -------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """HFLM's own request handling (truncation, stop strings, decoding), one request at a time."""
+        """HFLM's own request handling (truncation, stop strings, decoding), one request at a time,
+        or in HFLM's batches of `--batch_size` for a batched method."""
+        if self.generation_batch_size > 1:
+            return self.generate_batched(requests, disable_tqdm)
         outputs = []
         bar = tqdm(requests, disable=disable_tqdm or self.rank != 0,
                    desc=f"generate_until ({self.method})")
@@ -73,10 +90,31 @@ class SparseSpecLM(HFLM):
             print(lm_eval_stats.format_table(self.speculation_report()))
         return outputs
 
+    def generate_batched(self, requests, disable_tqdm: bool) -> list[str]:
+        """HFLM's generate_until over all requests (it batches them, left-padded); each request's
+        Generation is found again by its context ids, encoded as HFLM encodes them."""
+        self._batch_generations = {}
+        outputs = super().generate_until(requests, disable_tqdm=disable_tqdm or self.rank != 0)
+        for request, text in zip(requests, outputs):
+            context, gen_kwargs = request.args
+            max_gen = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            ids, _ = self.tok_batch_encode([context], left_truncate_len=self.max_length - max_gen,
+                                           truncation=self.truncation)
+            generation = self._batch_generations.get(tuple(ids[0].tolist()))
+            if generation is not None:
+                self.request_stats.append(lm_eval_stats.request_record(request, generation, text))
+                self._last_generation = generation
+        if self.request_stats and self.rank == 0:
+            print(lm_eval_stats.format_table(self.speculation_report()))
+        return outputs
+
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs) -> torch.Tensor:
-        """Generate for one (1, L) context; stop strings are applied by HFLM to the decoded text."""
+        """Generate for one (1, L) context, or a left-padded (B, L) batch with its attention mask;
+        stop strings are applied by HFLM to the decoded text."""
         attention_mask = generation_kwargs.pop("attention_mask", None)
+        if self.generation_batch_size > 1:
+            return self.model_generate_batch(context, attention_mask, max_length, generation_kwargs)
         check_single_unpadded(context, attention_mask)
         sampling = sampling_args(generation_kwargs)
         generation = sparsespec.generate(
@@ -86,6 +124,22 @@ class SparseSpecLM(HFLM):
         self._last_generation = generation
         new_tokens = torch.tensor([generation.tokens], dtype=context.dtype, device=context.device)
         return torch.cat([context, new_tokens], dim=1)
+
+    def model_generate_batch(self, context, attention_mask, max_length: int, generation_kwargs) -> torch.Tensor:
+        """(B, L) padded contexts -> (B, L + longest output), each row's new tokens after the
+        padded context, shorter outputs padded with an end token (HFLM cuts at stop strings)."""
+        mask = torch.ones_like(context) if attention_mask is None else attention_mask
+        generations = sparsespec.generate(
+            self.model, context, attention_mask=mask, method=self.method,
+            max_new_tokens=max_length - context.shape[1], eos_token_id=self.stop_token_ids(),
+            **sampling_args(generation_kwargs), **self.method_options)
+        width = max(len(g.tokens) for g in generations)
+        pad = self.stop_token_ids()[0] if self.stop_token_ids() else 0
+        new = torch.full((context.shape[0], width), pad, dtype=context.dtype, device=context.device)
+        for row, (ids, m, generation) in enumerate(zip(context, mask, generations)):
+            new[row, :len(generation.tokens)] = torch.tensor(generation.tokens, dtype=context.dtype)
+            self._batch_generations[tuple(ids[m.bool()].tolist())] = generation
+        return torch.cat([context, new], dim=1)
 
     def stop_token_ids(self) -> list[int]:
         """The tokens that end HF generation here: the generation config's EOS and lm-eval's EOT."""

@@ -45,9 +45,10 @@ def test_bad_input_raises_one_line_config_error(model, kwargs, words):
         assert word in message
 
 
-def test_batch_of_prompts_is_refused(model):
-    with pytest.raises(ConfigError, match="batch of 2"):
-        sparsespec.generate(model, torch.ones(2, 10, dtype=torch.long), method="ar", max_new_tokens=3)
+def test_batch_of_prompts_is_decoded_batched(model):
+    """A (2, L) batch runs through sparsespec/batch.py (tests/test_batch.py): one Generation per row."""
+    gens = sparsespec.generate(model, torch.ones(2, 10, dtype=torch.long), method="ar", max_new_tokens=3)
+    assert len(gens) == 2 and all(len(g.tokens) == 3 for g in gens)
 
 
 @pytest.mark.parametrize("ids, words", [

@@ -261,3 +261,13 @@ def test_speculation_file_written_next_to_results(tmp_path):
     written = entry.write_speculation_files(str(tmp_path), since=0.0)
     assert [p.name for p in written] == ["speculation_2026-01-01T00-00-00.json"]
     assert json.loads(written[0].read_text()) == report
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_batch_size_generations_identical(runs):
+    """--batch_size 2: HFLM's left-padded batches decoded together, each request as hf decodes it alone."""
+    tasks = TaskManager(include_path=str(TASKS_DIR))
+    batched = evaluate("sparsespec", f"{SPARSESPEC_ARGS},batch_size=2", tasks)
+    assert responses(batched, GEN_TASK) == responses(runs["hf"], GEN_TASK)
+    assert batched["config"]["sparsespec"]["aggregate"]["n_requests"] == LIMIT

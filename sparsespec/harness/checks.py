@@ -71,6 +71,7 @@ def check_numbers(cfg: DictConfig) -> None:
     _positive_int("ctx", cfg.ctx)
     _positive_int("num_prompts", cfg.num_prompts)
     _positive_int("max_new_tokens", cfg.max_new_tokens)
+    _positive_int("batch_size", cfg.get("batch_size", 1))
     if not accepts(int, cfg.seed):
         raise ConfigError(f"seed={cfg.seed!r} must be an integer")
     for name in ("stop_at_eos", "compare_ar", "warmup", "cost_profile"):

@@ -68,15 +68,26 @@ def bench_row(entry: str, summary: dict) -> dict:
            "c_verify_ms": format_cell(m["c_verify_s"] and m["c_verify_s"] * 1e3, ".1f"),
            "bound": format_cell(m["bound"], ".2f"), "bound_reached": format_cell(m["bound_reached"], ".0%"),
            "prefill_s_mean": format_cell(m["prefill_s_mean"], ".2f")}
-    return {BENCH_COLUMNS[k]: v for k, v in row.items()}
+    if m.get("batch_size"):       # a batched run: throughput over the batch against batched AR
+        row.update(batch_tokens_per_s=format_cell(m["batch_tokens_per_s"], ".2f"),
+                   batch_speedup=f"{format_cell(m['batch_speedup_vs_ar'], '.2f')}x",
+                   latency_s=format_cell(m["sequence_latency_s_mean"], ".2f"))
+    return {{**BENCH_COLUMNS, **BATCH_COLUMNS}[k]: v for k, v in row.items()}
+
+
+BATCH_COLUMNS = {"batch_tokens_per_s": "batch tok/s", "batch_speedup": "batch speed-up vs batched AR",
+                 "latency_s": "latency s (per sequence)"}
 
 
 def format_bench_table(summaries: dict[str, dict], folder: str) -> str:
     """One line per method of a side-by-side benchmark (AR first), then where the results are."""
     first = next(iter(summaries.values()))["run"]
+    size = first.get("batch_size") or 1
+    shared = f"batch size {size}, each method prefilling its prompts" if size > 1 \
+        else "prefill shared by sparsespec's methods"
     header = (f"benchmark on {first['model']} | {first['task']} ({first['source']}) | ctx {first['ctx']} | "
-              f"{first['num_prompts']} prompt(s) x {first['max_new_tokens']} new tokens; prefill shared by "
-              f"sparsespec's methods; C_AR {format_cell(next(iter(summaries.values()))['metrics']['c_ar_s'], '.4f')} s")
+              f"{first['num_prompts']} prompt(s) x {first['max_new_tokens']} new tokens; {shared}; C_AR {format_cell(next(iter(summaries.values()))['metrics']['c_ar_s'], '.4f')} s")
     rows = [bench_row(entry, summary) for entry, summary in summaries.items()]
-    return "\n".join([header, markdown_table(rows, BENCH_COLUMNS.values()),
+    columns = [*BENCH_COLUMNS.values(), *(BATCH_COLUMNS.values() if size > 1 else ())]
+    return "\n".join([header, markdown_table(rows, columns),
                       f"results: {folder}/<method>/ (samples.jsonl, summary.json)"])

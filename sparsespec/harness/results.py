@@ -143,6 +143,25 @@ def aggregate(samples: list[dict]) -> dict:
     }
 
 
+def batch_metrics(samples: list[dict]) -> dict:
+    """A batched run's own metrics (nothing for batch size 1): the batch's throughput (tokens/s over
+    the batch, mean over batches: one sample per batch, its row 0, carries the batch), batched AR's
+    at the same batch size, the batch speed-up with its 95% interval, and the per-sequence latency
+    (decode seconds until each sequence finished, mean over prompts)."""
+    batched = [s for s in samples if s.get("batch_size")]
+    if not batched:
+        return {}
+    firsts = [s for s in batched if s["batch_row"] == 0]
+    speedup = stats.mean_ci([s["batch_speedup_vs_ar"] for s in firsts if s["batch_speedup_vs_ar"] is not None])
+    ar = [s["ar_batch_tokens_per_s"] for s in firsts if s["ar_batch_tokens_per_s"] is not None]
+    return {"batch_size": batched[0]["batch_size"], "n_batches": len(firsts),
+            "batch_tokens_per_s": _mean([s["batch_tokens_per_s"] for s in firsts]),
+            "ar_batch_tokens_per_s": _mean(ar),
+            "batch_speedup_vs_ar": speedup.mean, "batch_speedup_vs_ar_ci95_low": speedup.low,
+            "batch_speedup_vs_ar_ci95_high": speedup.high,
+            "sequence_latency_s_mean": _mean([s["decode_s"] for s in batched])}
+
+
 # --------------------------------------------------------------------------------------------
 # summary.json and the resume guard
 

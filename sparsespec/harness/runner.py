@@ -31,7 +31,7 @@ from .checks import (as_dict, check_config, check_context_fits, check_method_opt
                      method_options, model_spec, resolved_options)
 from .folder_lock import hold_folder
 from .report import format_bench_table, format_table
-from .results import SUMMARY, SamplesFile, aggregate, build_sample, check_resume, sample_key, write_json
+from .results import SUMMARY, SamplesFile, aggregate, batch_metrics, build_sample, check_resume, sample_key, write_json
 from .tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,16 @@ def check_method_run(run: MethodRun) -> None:
         hf_reference.resolve_options(run.method, run.options)
     else:
         check_method_options(run.method, run.options)
+    if batch_size(run.cfg) > 1:
+        from sparsespec.batch import batched_methods, check_batchable
+        if hf_reference.is_reference(run.method):
+            raise ConfigError(f"method {run.method!r} does not run batched (batch_size={batch_size(run.cfg)}); "
+                              f"batched methods: {batched_methods()}")
+        check_batchable(run.method, run.options)
+
+
+def batch_size(cfg: DictConfig) -> int:
+    return int(cfg.get("batch_size", 1) or 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,7 +171,8 @@ def resume_settings(cfg: DictConfig, device: str) -> dict:
             "method": cfg.method.name, "label": cfg.method.label, "options": method_options(cfg),
             "seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar,
-            "dtype": cfg.dtype, "device": device}
+            "dtype": cfg.dtype, "device": device,
+            **({"batch_size": batch_size(cfg)} if batch_size(cfg) > 1 else {})}   # batch 1: as before
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +225,27 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     return gens
 
 
+def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
+                 max_new_tokens: int) -> dict:
+    """label -> BatchGenerations (one Generation per prompt of `inputs`) for every decoder, back to
+    back, each decoding the whole batch together (sparsespec/batch.py; each prefills its prompts)."""
+    import sparsespec
+
+    common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
+    return {label: sparsespec.generate(model, [torch.as_tensor(ids).view(-1) for ids in inputs], method=method,
+                                       max_new_tokens=max_new_tokens, **common, **options)
+            for label, (method, options) in decoders.items()}
+
+
+def batch_fields(gens, ref, row: int) -> dict:
+    """What a sample of a batched run adds: the batch's throughput (tokens/s over the batch) and
+    batched AR's at the same batch size, their ratio, and where the prompt sat in the batch."""
+    ar = ref.tokens_per_s if ref is not None else None
+    return {"batch_size": gens.batch_size, "batch_row": row, "batch_decode_s": gens.decode_s,
+            "batch_tokens_per_s": gens.tokens_per_s, "ar_batch_tokens_per_s": ar,
+            "batch_speedup_vs_ar": gens.tokens_per_s / ar if ar else None}
+
+
 REFERENCE = "ar (reference)"   # the AR decode a prompt needs as the reference but no folder records
 
 
@@ -254,6 +286,10 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
     start = time.perf_counter()
     max_new = min(WARMUP_TOKENS, cfg.max_new_tokens)
     decoders = decoders_for([r for r in runs if not r.done(prompt)], cfg)
+    if batch_size(cfg) > 1:     # the batched path, on copies of the prompt's prefix
+        decode_batch(model, [torch.as_tensor(prompt.input_ids).view(-1)[:WARMUP_PREFIX]] * batch_size(cfg), decoders, cfg, cfg.seed,
+                     max_new)
+        return
     try:
         decode_prompt(model, prompt.input_ids[:WARMUP_PREFIX], decoders, cfg, cfg.seed, max_new)
     except ConfigError:
@@ -281,6 +317,31 @@ def measure_cost_priors(model, prompt, runs: list[MethodRun]) -> dict:
 # the run
 
 
+def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig) -> None:
+    """Decode `prompts` batch_size at a time, every method batched (AR first, the reference at the
+    same batch size); record one sample per prompt. A batch with a prompt some method has not
+    finished is decoded again for that method (its finished prompts are kept as they were)."""
+    size = batch_size(cfg)
+    chunks = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
+    for chunk in tqdm(chunks, desc=f"batches of {size} x {cfg.task.name}", unit="batch"):
+        todo = [r for r in runs if not all(r.done(prompts[i]) for i in chunk)]
+        if not todo:
+            continue
+        gens = decode_batch(model, [prompts[i].input_ids for i in chunk], decoders_for(todo, cfg), cfg,
+                            cfg.seed + chunk[0], cfg.max_new_tokens)
+        ref = reference_of(gens, todo)
+        for row, index in enumerate(chunk):
+            for method_run in todo:
+                if method_run.done(prompts[index]):
+                    continue
+                own = gens[method_run.entry]
+                sample = sample_of(method_run, prompts[index], own[row], ref[row] if ref else None, model, tokenizer)
+                sample.update(batch_fields(own, ref if method_run.method != AR else own, row))
+                method_run.samples.append(sample)
+                method_run.finished[sample_key(sample)] = sample
+                method_run.tracker.log_prompt(index, sample)
+
+
 def model_dtype(model) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
@@ -295,7 +356,7 @@ def open_results(run: MethodRun, device: str) -> None:
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
                shared_with: list[str], bench: dict | None, cost_prior=None) -> dict:
     cfg = run.cfg
-    prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
+    prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1 and batch_size(cfg) == 1
     return {
         "run": {**result_names(cfg), "method_name": cfg.method.name,
                 "method_options": resolved_method_options(cfg.method.name, run.options),
@@ -304,10 +365,11 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
                 "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
                 "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
+                "batch_size": batch_size(cfg),
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
                 "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-        "metrics": aggregate(samples),
+        "metrics": {**aggregate(samples), **batch_metrics(samples)},
         "config": as_dict(cfg),
         "env": environment.collect(device=device, dtype=model_dtype(model)),
     }
@@ -358,8 +420,13 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
                                               group=cfg.experiment_name or group, several=len(runs) > 1)
         if pending and cfg.warmup:
             warm_up(model, pending[0], runs, cfg)
-        cost_priors = measure_cost_priors(model, pending[0], runs) if pending and cfg.cost_profile else {}
-        bar = tqdm(prompts, desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}", unit="prompt")
+        # the cost profile is measured on one sequence; a batch's controller measures its own costs
+        cost_priors = measure_cost_priors(model, pending[0], runs) \
+            if pending and cfg.cost_profile and batch_size(cfg) == 1 else {}
+        if batch_size(cfg) > 1:
+            run_batches(model, tokenizer, prompts, runs, cfg)
+        bar = tqdm(prompts if batch_size(cfg) == 1 else [], unit="prompt",
+                   desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}")
         for index, prompt in enumerate(bar):
             todo = [r for r in runs if not r.done(prompt)]
             if todo:

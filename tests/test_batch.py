@@ -1,0 +1,325 @@
+"""Batched decoding (sparsespec/batch.py) is lossless per sequence: under greedy, every sequence of a
+batch is token-identical to its prompt decoded alone with AR (fp32, Llama, Mistral with a sliding
+window, Qwen2 with mixed layers), at mixed prompt lengths and with budgets that force rejections;
+under sampling, the joint output of a batch is exactly the product of the model's distributions."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import sparsespec
+from conftest import ARCHS, build_tiny, random_prompt
+from sparsespec import batch
+from sparsespec.errors import ConfigError
+from test_sampling import EnumeratingSampler, one_thread, total_variation
+
+NEW = 32
+LENGTHS = (300, 90, 200, 40)    # past the 64-token sliding window and below it; 40 < every budget: dense
+
+TINY_BUDGET = dict(sink=2, recent=4, topk=4)
+MID_BUDGET = dict(sink=4, recent=16, budget=0.2)
+CASES = {
+    "ar": ("ar", {}),
+    "sparsespec-fixed-tiny": ("sparsespec", dict(controller="fixed", k=4, **TINY_BUDGET)),
+    "sparsespec-entropy-mid": ("sparsespec", dict(controller="entropy", **MID_BUDGET)),
+    "sparsespec-fixed-over": ("sparsespec", dict(controller="fixed", k=5, budget=10_000, draft_weights="full")),
+    "streaming": ("streaming", dict(k=4, sink=2, budget=24)),
+    "snapkv_static": ("snapkv_static", dict(k=4, **MID_BUDGET)),
+    "h2o-fixed-tiny": ("h2o", dict(controller="fixed", k=3, **TINY_BUDGET)),
+    "pld": ("pld", dict(k=5)),
+    "layerskip": ("layerskip", dict(k=3, exit_layer=2)),
+    "layerskip-entropy": ("layerskip", dict(controller="entropy", exit_layer=3, draft_weights="full")),
+}
+
+
+def prompts_for(lengths=LENGTHS):
+    out = [random_prompt(n, seed=n)[0] for n in lengths]
+    out[0][200:260] = out[0][100:160]
+    return out
+
+
+@pytest.fixture(scope="module")
+def references():
+    """Per architecture: the model, the prompts and each prompt's AR output decoded alone."""
+    out = {}
+    for arch in ARCHS:
+        model = build_tiny(arch)
+        prompts = prompts_for()
+        alone = [sparsespec.generate(model, p, method="ar", max_new_tokens=NEW, stop_at_eos=False).tokens
+                 for p in prompts]
+        out[arch] = (model, prompts, alone)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_greedy_is_token_identical_to_ar_alone(references, arch, case):
+    model, prompts, alone = references[arch]
+    method, options = CASES[case]
+    gens = sparsespec.generate(model, prompts, method=method, max_new_tokens=NEW, stop_at_eos=False, **options)
+    assert isinstance(gens, batch.BatchGenerations) and len(gens) == len(prompts) == gens.batch_size
+    for b, (gen, ref) in enumerate(zip(gens, alone)):
+        assert gen.tokens == ref, (case, arch, b)
+        assert gen.prompt_tokens == LENGTHS[b]
+        assert 1 + sum(r.emitted for r in gen.rounds) == len(gen.tokens) == NEW
+        assert all(0 <= r.accepted <= r.drafted for r in gen.rounds)
+    if case.endswith("-tiny"):    # sequences accept different counts in a round, and drafts get rejected
+        assert any(r.accepted < r.drafted for g in gens for r in g.rounds)
+        assert any(len({g.rounds[i].accepted for g in gens if len(g.rounds) > i}) > 1
+                   for i in range(min(len(g.rounds) for g in gens)))
+    if method != "ar":
+        assert any(r.drafted for g in gens for r in g.rounds), "nothing was drafted: the case proves nothing"
+    if case.endswith("-over"):
+        assert all(g.acceptance_rate == 1.0 for g in gens)
+    assert gens.tokens_per_s > 0 and gens.decode_s >= max(g.decode_s for g in gens) * 0.999
+
+
+def test_padded_ids_with_attention_mask_equal_a_list(references):
+    model, prompts, alone = references["mistral"]
+    prompts = prompts[1:3]                                   # 90 and 200 tokens
+    width = max(p.numel() for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):                          # left padding, as tokenizers do for decoding
+        ids[b, width - p.numel():], mask[b, width - p.numel():] = p, 1
+    gens = sparsespec.generate(model, ids, attention_mask=mask, method="sparsespec", controller="fixed", k=3,
+                               max_new_tokens=NEW, stop_at_eos=False, **TINY_BUDGET)
+    assert [g.tokens for g in gens] == alone[1:3]
+
+
+def test_two_dim_batch_of_equal_lengths_and_single_row_stay_apart(references):
+    model, prompts, alone = references["llama"]
+    rows = torch.stack([prompts[0][:90], prompts[1]])       # (2, 90), no mask: every token counts
+    gens = sparsespec.generate(model, rows, method="ar", max_new_tokens=8, stop_at_eos=False)
+    assert gens[1].tokens == alone[1][:8]
+    single = sparsespec.generate(model, prompts[1].view(1, -1), method="ar", max_new_tokens=8, stop_at_eos=False)
+    assert isinstance(single, sparsespec.Generation)          # (1, L): one prompt, the single-sequence loop
+
+
+def test_finished_sequences_leave_the_batch(references, monkeypatch):
+    """A sequence that hits EOS stops there, like alone, and its rows leave the cache."""
+    model, prompts, alone = references["qwen2"]
+    eos = alone[1][5]                                         # sequence 1 produces it early
+    stops = [ref.index(eos) + 1 if eos in ref else NEW for ref in alone]
+    kept = []
+    original = batch.BatchCache.keep
+    monkeypatch.setattr(batch.BatchCache, "keep", lambda self, rows: (kept.append(list(rows)), original(self, rows)))
+    gens = sparsespec.generate(model, prompts, method="sparsespec", controller="fixed", k=4, max_new_tokens=NEW,
+                               eos_token_id=eos, **TINY_BUDGET)
+    for gen, ref, stop in zip(gens, alone, stops):
+        assert gen.tokens == ref[:stop]
+    assert kept and all(len(rows) < len(prompts) for rows in kept)
+    assert len(gens[1].rounds) < max(len(g.rounds) for g in gens)
+    assert gens[1].decode_s < gens.decode_s                  # its latency ends when it finishes
+
+
+def test_entropy_controller_picks_one_k_and_traces_each_sequence(references):
+    model, prompts, alone = references["llama"]
+    gens = sparsespec.generate(model, prompts, method="sparsespec", max_new_tokens=NEW, stop_at_eos=False,
+                               warmup_rounds=1, **MID_BUDGET)
+    assert [g.tokens for g in gens] == alone
+    for i in range(min(len(g.rounds) for g in gens)):
+        assert len({g.rounds[i].drafted for g in gens}) == 1            # one k per round for the batch
+    traced = [r for g in gens for r in g.rounds if r.survival]
+    assert traced, "the online rule never ran"
+    assert all(len(r.entropies) == r.drafted for g in gens for r in g.rounds)
+
+
+def test_batch_rule_is_the_mean_survival():
+    from sparsespec.controller import EntropyController, survival
+    c = EntropyController(warmup_rounds=0, candidates=(1, 2, 3, 4))
+    c.mu_acc, c.mu_rej, c.c_draft = 0.5, 3.0, 1.0
+    c.c_verify.add(1, 4.0)
+    c.n_accepted, c.n_rejected = 10, 3
+    c.start_round(limit=4)
+    entropies = [[0.4, 0.6, 2.9], [2.5, 0.1, 0.2]]
+    for j in range(1, 4):
+        c.keep_drafting_batch([e[:j] for e in entropies])
+    expected = [sum(survival([c.acceptance(h) for h in e[:j]])[-1] for e in entropies) / 2 for j in range(1, 4)]
+    assert survival(c._probs) == pytest.approx(expected[:len(c._probs)])
+
+
+@pytest.mark.parametrize("method,options", [("quest", {}), ("oracle", {}), ("assisted", dict(draft_model="truncated:1"))])
+def test_methods_not_batched_say_so(references, method, options):
+    model, prompts, _ = references["llama"]
+    with pytest.raises(ConfigError, match=rf"{method!r} does not run batched.*\['ar', "):
+        sparsespec.generate(model, prompts[:2], method=method, max_new_tokens=4, **options)
+
+
+def test_bad_batch_inputs_are_one_line_errors(references):
+    model, prompts, _ = references["llama"]
+    with pytest.raises(ConfigError, match="attention_mask shape"):
+        sparsespec.generate(model, torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4),
+                            method="ar", max_new_tokens=2)
+    with pytest.raises(ConfigError, match="non-empty prompt"):     # an empty list is an empty prompt
+        sparsespec.generate(model, [], method="ar", max_new_tokens=2)
+    with pytest.raises(ConfigError, match="non-empty prompt"):
+        sparsespec.generate(model, [prompts[0], torch.ones(0, dtype=torch.long)], method="ar", max_new_tokens=2)
+    assert isinstance(sparsespec.generate(model, [5, 6, 7], method="ar", max_new_tokens=2), sparsespec.Generation)
+    with pytest.raises(ConfigError, match="compile_draft"):
+        sparsespec.generate(model, prompts[:2], method="sparsespec", compile_draft=True, max_new_tokens=2)
+
+
+# --- sampling: the joint output of a batch is the product of the model's distributions, exactly ----
+
+VOCAB, SAMPLED_NEW = 3, 3
+
+
+def joint_distribution(model, prompts, method, **options) -> dict[tuple, float]:
+    """Exact distribution of the batch's outputs (tuple of each sequence's tokens), every branch of
+    the batched loop's random choices enumerated (test_sampling.py's enumerating sampler)."""
+    dist, path = {}, []
+    with one_thread():
+        while True:
+            sampler = EnumeratingSampler(path, temperature=1.0)
+            prompt_ids = [p.clone() for p in prompts]
+            out = batch.generate_batch(model, prompt_ids, method=method, max_new_tokens=SAMPLED_NEW,
+                                       sampler=sampler, stop_ids=set(), cost_prior=None, options=options,
+                                       build_method=sparsespec.decode.build_method)
+            key = tuple(tuple(g.tokens) for g in out)
+            dist[key] = dist.get(key, 0.0) + sampler.weight
+            while path and path[-1] + 1 >= sampler.options[len(path) - 1]:
+                path.pop()
+            if not path:
+                return dist
+            path[-1] += 1
+
+
+@torch.inference_mode()
+def model_distribution(model, prompt) -> dict[tuple, float]:
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=SAMPLED_NEW)))
+    ids = torch.cat([prompt.view(1, -1).expand(len(seqs), -1), seqs], dim=1)
+    n = prompt.numel()
+    p = torch.softmax(model(ids).logits[:, n - 1:n + SAMPLED_NEW - 1].double(), -1)
+    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=-1)
+    return {tuple(s): float(v) for s, v in zip(seqs.tolist(), probs)}
+
+
+@pytest.mark.parametrize("method,options", [
+    ("sparsespec", dict(controller="fixed", k=2, sink=1, recent=2, topk=2, draft_weights="full")),
+    ("layerskip", dict(k=2, exit_layer=1, draft_weights="full")),
+    ("pld", dict(k=2)),
+    ("ar", {})])
+@torch.inference_mode()
+def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
+    model = build_tiny("llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    prompts = [random_prompt(16, seed=2, vocab=VOCAB)[0], random_prompt(11, seed=3, vocab=VOCAB)[0]]
+    a, b = (model_distribution(model, p) for p in prompts)
+    exact = {(x, y): a[x] * b[y] for x in a for y in b}
+    dist = joint_distribution(model, prompts, method, **options)
+    assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)
+    assert total_variation(dist, exact) < 1e-4
+
+
+# --- the harness: batch_size= --------------------------------------------------------------------
+
+@pytest.fixture
+def harness_run(monkeypatch):
+    """The harness in-process on the tiny Llama with prompts of mixed lengths (test_bench.py's way)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+
+    import sparsespec.harness.runner as runner
+    from test_bench import Tokenizer
+
+    model = build_tiny("llama")
+    lengths = (300, 120, 250, 90, 200)
+    prompts = [SimpleNamespace(id=f"p{i}", input_ids=random_prompt(n, seed=i)[0], reference=None)
+               for i, n in enumerate(lengths)]
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (model, Tokenizer(), prompts[:cfg.num_prompts]))
+    conf = Path(__file__).resolve().parents[1] / "conf"
+
+    def run(folder, *overrides):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose("config", overrides=["logger=none", "ctx=1k", "num_prompts=5", "max_new_tokens=12",
+                                               "warmup=true", *overrides])
+            return runner.run(cfg, folder)
+    return run, model, prompts
+
+
+def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run, tmp_path):
+    import json
+    run, model, prompts = harness_run
+    summaries = run(tmp_path / "b", "batch_size=2", "bench.methods=['sparsespec_fixed:k=3,budget=0.3',streaming]")
+    for entry, summary in summaries.items():
+        assert summary["run"]["batch_size"] == 2
+        metrics = summary["metrics"]
+        assert metrics["batch_size"] == 2 and metrics["n_batches"] == 3 and metrics["batch_tokens_per_s"] > 0
+        if entry != "ar":
+            assert metrics["outputs_match_ar"] == 1.0          # every sequence compared, every one equal
+            assert metrics["batch_speedup_vs_ar"] > 0
+    folder = tmp_path / "b" / "sparsespec_fixed-k=3-budget=0.3"
+    samples = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    assert [s["prompt_id"] for s in samples] == [f"p{i}" for i in range(5)]
+    assert [s["batch_row"] for s in samples] == [0, 1, 0, 1, 0]
+    assert all(s["outputs_match_ar"] is True for s in samples)
+    alone = [sparsespec.generate(model, p.input_ids, method="ar", max_new_tokens=12, stop_at_eos=False).tokens
+             for p in prompts]
+    assert [s["text"] for s in samples] == [" ".join(map(str, t)) for t in alone]
+
+
+def test_harness_refuses_a_method_that_does_not_run_batched(harness_run, tmp_path):
+    run, _, _ = harness_run
+    with pytest.raises(ConfigError, match="does not run batched"):
+        run(tmp_path / "c", "batch_size=2", "method=quest")
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        run(tmp_path / "d", "batch_size=0")
+
+
+# --- lm-eval: --batch_size ------------------------------------------------------------------------
+
+def test_lm_eval_model_generates_a_padded_batch_like_each_request_alone(references, monkeypatch):
+    from sparsespec import lm_eval_model
+
+    model, prompts, alone = references["qwen2"]
+    stop = next(t for t in range(128) if all(t not in ref[:10] for ref in alone[1:4]))
+    lm = object.__new__(lm_eval_model.SparseSpecLM)          # no HFLM loading: just the generation path
+    lm.method, lm.method_options, lm._batch_generations = "sparsespec", dict(controller="fixed", k=3, **TINY_BUDGET), {}
+    lm.generation_batch_size = 3
+    lm.stop_token_ids = lambda: [stop]
+    monkeypatch.setattr(lm_eval_model.SparseSpecLM, "model", property(lambda self: model))
+    rows = prompts[1:4]                                       # 90, 200, 40 tokens, left-padded to 200
+    width = max(p.numel() for p in rows)
+    context = torch.full((3, width), 7, dtype=torch.long)
+    mask = torch.zeros_like(context)
+    for b, p in enumerate(rows):
+        context[b, width - p.numel():], mask[b, width - p.numel():] = p, 1
+    out = lm._model_generate(context, max_length=width + 10, stop=[], attention_mask=mask, do_sample=False)
+    assert out.shape[0] == 3 and torch.equal(out[:, :width], context)
+    for b, ref in enumerate(alone[1:4]):
+        new = out[b, width:].tolist()
+        assert new[:10] == ref[:10]
+        assert lm._batch_generations[tuple(rows[b].tolist())].tokens == ref[:10]
+
+
+def test_bench_batch_experiment_cells_are_valid(tmp_path):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    import sparsespec.harness.runner as runner
+    from sparsespec.harness.checks import check_config
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=bench_batch_cpu"], return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        assert str(params.batch_size).split(",") == ["1", "2", "4", "8"]
+        for ctx in str(params.ctx).split(","):
+            for size in str(params.batch_size).split(","):
+                cell = compose("config", overrides=["experiment=bench_batch_cpu", f"ctx={ctx}", f"batch_size={size}"])
+                check_config(cell)
+                assert cell.num_prompts % int(size) == 0
+                for method_run in runner.method_runs(cell, tmp_path):
+                    runner.check_method_run(method_run)
+
+
+def test_batched_sampling_is_reproducible_with_a_seed(references):
+    model, prompts, _ = references["qwen2"]
+    runs = [sparsespec.generate(model, prompts[:3], method="sparsespec", temperature=0.8, top_p=0.9, seed=5,
+                                max_new_tokens=16, stop_at_eos=False, recent=8, budget=30) for _ in range(2)]
+    assert [g.tokens for g in runs[0]] == [g.tokens for g in runs[1]]
+    assert len({tuple(g.tokens) for g in runs[0]}) == 3
