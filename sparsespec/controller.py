@@ -279,7 +279,7 @@ class EntropyController(Controller):
                                                    "about a prompt's first 4 rounds, then this prompt's own decide",
                                        check=at_least(0))
         acceptance_model: str = option("binned", "binned: measured acceptance by entropy bin; paper: the "
-                                                 "paper's two-centre softmax (under-drafts here, see above)",
+                                                 "paper's two-centre softmax (under-drafts on this CPU: see sparsespec/controller.py)",
                                        check=one_of("binned", "paper"))
         acceptance_prior: bool = option(True, "weigh p_i by the measured acceptance rate (false: the paper's "
                                               "equal-prior form, which under-drafts at high acceptance)")

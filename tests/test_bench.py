@@ -173,3 +173,13 @@ def test_bench_experiment_runs_and_analysis_reads_it(tmp_path):
     ours = json.loads((cell / "sparsespec" / "summary.json").read_text())["metrics"]
     assert table.set_index("method").loc["sparsespec", "speedup"] == pytest.approx(ours["speedup_vs_ar"])
     assert table.set_index("method").loc["hf_generate", "outputs_match_ar"] == 1.0
+
+
+def test_an_entry_with_options_other_than_k_and_budget_gets_its_own_label():
+    """Two entries of one method must not share a label, or analysis/ pools their samples."""
+    from sparsespec.harness.runner import method_node
+    assert method_node("sparsespec").label == "sparsespec"
+    assert method_node("sparsespec_fixed:k=4").label == "sparsespec_fixed"          # analysis adds "k=4"
+    paper = method_node("sparsespec:acceptance_model=paper,budget=0.05")
+    assert paper.label == "sparsespec acceptance_model=paper" and paper.name == "sparsespec"
+    assert paper.options.acceptance_model == "paper" and paper.options.budget == 0.05

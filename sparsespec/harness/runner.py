@@ -90,6 +90,9 @@ def entry_folder(entry: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "-", entry).strip("-")
 
 
+LABELLED_BY_ANALYSIS = ("k", "budget")
+
+
 def method_node(entry: str) -> DictConfig:
     """The `method` config of an entry `name[:option=value,...]`: conf/method/<name>.yaml with those
     options, or a reference decoder of transformers' own (`hf_generate`, `hf_pld`)."""
@@ -105,6 +108,11 @@ def method_node(entry: str) -> DictConfig:
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = [f"method={name}", *(f"++method.options.{kv}" for kv in assignments)]
+    # k and budget are labelled by analysis/ from the options; any other option names the run apart
+    # ("sparsespec acceptance_model=paper"), so two entries of one method never share a label
+    named = [kv for kv in assignments if kv.split("=", 1)[0] not in LABELLED_BY_ANALYSIS]
+    if named:
+        overrides.append(f"method.label='{name} {','.join(named)}'")
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="config", overrides=overrides).method
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -1,0 +1,83 @@
+"""analysis.claims: each claim's verdict follows the numbers (synthetic results with known answers)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from analysis import claims
+
+AR_SPEED = {2000: 20.0, 8000: 10.0, 32000: 4.0}
+
+
+def frame(speed: dict, contexts=(2000, 8000), tasks=("summarization", "qa", "code"), prompts=3,
+          noise=0.02, match=True) -> pd.DataFrame:
+    """One row per (ctx, task, method, prompt): tokens/s = AR's * speed[label](ctx) * (1 +- noise)."""
+    rows = []
+    for ctx in contexts:
+        for task in tasks:
+            for p in range(prompts):
+                jitter = 1 + noise * (p - 1)
+                ar = AR_SPEED[ctx] * (1 + 0.05 * p)
+                for label, factor in {"ar": lambda c: 1.0, **speed}.items():
+                    method, _, k = label.partition(" k=")
+                    tps = ar * factor(ctx) * (1 if label == "ar" else jitter)
+                    rows.append({"model": "m", "task": task, "ctx": ctx, "method": method,
+                                 "k": float(k) if k else math.nan, "budget": math.nan, "prompt_id": f"{p:03d}",
+                                 "tokens_per_s": tps, "speedup_vs_ar": tps / ar,
+                                 "outputs_match_ar": None if label == "ar" else match,
+                                 "mean_accepted": 1.0 if label == "ar" else 2.0 + (int(k) if k else 4) / 4})
+    return pd.DataFrame(rows)
+
+
+GOOD = {"sparsespec": lambda c: 1.2 + c / 10_000,                 # rises with context, ahead of everything
+        "sparsespec_fixed k=4": lambda c: 1.1 + c / 12_000,
+        "sparsespec_fixed k=8": lambda c: 1.0 + c / 12_000,
+        "sparsespec_fixed k=16": lambda c: 0.9 + c / 12_000,
+        "streaming": lambda c: 0.9, "snapkv_static": lambda c: 0.9, "layerskip": lambda c: 0.8}
+
+
+def verdicts(df) -> dict[str, str]:
+    return {c.claim.split(" ")[1]: c.verdict for c in claims.check_claims(df)}
+
+
+def test_claims_that_hold_in_the_numbers_are_reproduced():
+    v = verdicts(frame(GOOD))
+    assert v["speed-up"] == "reproduced"                  # "The speed-up grows ..."
+    assert v["holds"] == "reproduced"
+    assert v["entropy"] == "reproduced"
+    assert v["top-K"] == "reproduced"
+    assert v["quality"] == "reproduced"
+    assert v["beats"] == "not measurable here"            # nothing at 20K or more
+
+
+def test_claims_that_fail_in_the_numbers_are_not_reproduced():
+    bad = {**GOOD, "sparsespec": lambda c: 1.5 - c / 20_000,    # falls with context, behind fixed k=4 at 8K
+           "streaming": lambda c: 1.6}                           # streaming ahead of recycled top-K
+    v = verdicts(frame(bad, match=False))
+    assert v["speed-up"] == "not reproduced"
+    assert v["entropy"] == "not reproduced"
+    assert v["top-K"] == "not reproduced"
+    assert v["quality"] == "not reproduced"
+
+
+def test_long_context_comparison_and_missing_tasks():
+    long = frame(GOOD, contexts=(8000, 32000), tasks=("code",))
+    v = verdicts(long)
+    assert v["beats"] == "reproduced"
+    assert v["holds"] == "not measurable here"            # one task only
+
+
+def test_paired_ratio_is_per_prompt():
+    rows = claims.samples(frame(GOOD, contexts=(8000,), tasks=("code",), noise=0.0))
+    ci = claims.paired_ratio(rows, "sparsespec", "streaming")
+    assert ci.mean == pytest.approx((1.2 + 0.8) / 0.9) and ci.n == 3
+    assert claims.standing(ci) == "ahead"
+
+
+def test_readme_block_is_replaced_between_markers_and_a_missing_block_is_an_error(tmp_path):
+    text = f"intro\n{claims.MARK_BEGIN}\nold\n{claims.MARK_END}\noutro\n"
+    assert claims.replace_block(text, "NEW") == "intro\nNEW\noutro\n"
+    with pytest.raises(SystemExit, match="claims:begin"):
+        claims.replace_block("no markers", "NEW")
