@@ -48,10 +48,22 @@ class Claim:
 # ------------------------------------------------------------------------------------ frames
 
 def samples(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (cell, method label, prompt) with its decode tokens/s and speed-up over AR."""
+    """One row per (cell, method label, prompt) with its decode tokens/s and speed-up over AR.
+    A prompt decoded twice by one method in one cell (a cell run twice, on two machines) is an error:
+    pairing and intervals would silently pool the two."""
     out = with_labels(df)
     out["ctx"] = out["ctx"].astype(int)
+    twice = out[out.duplicated([*CELL, "label", "prompt_id"], keep=False)]
+    if not twice.empty:
+        first = twice.iloc[0]
+        raise SystemExit(f"error: prompt {first['prompt_id']} of {first['label']} at {first['model']}/{first['task']}/"
+                         f"{first['ctx']} appears in {twice['run'].nunique()} runs; give analysis.claims one run per "
+                         f"cell and method (a separate results folder per machine or batch size)")
     return out[[*CELL, "label", "prompt_id", "tokens_per_s", "speedup_vs_ar", "outputs_match_ar", "mean_accepted"]]
+
+
+def ctx_name(ctx: int) -> str:
+    return f"{ctx / 1000:g}K"
 
 
 def fmt_ci(ci: stats.MeanCI, unit: str = "×") -> str:
@@ -98,7 +110,7 @@ def claim_context_growth(s: pd.DataFrame) -> Claim:
         rises = len(means) > 1 and all(b > a for a, b in zip(means, means[1:]))
         if len(means) > 1 and not rises:
             falling.append(f"{model}/{task}")
-        records.append({"model": model, "task": task, **{f"{ctx // 1000}K": fmt_ci(ci) for ctx, ci in by_ctx.items()},
+        records.append({"model": model, "task": task, **{ctx_name(ctx): fmt_ci(ci) for ctx, ci in by_ctx.items()},
                         "rises": "yes" if rises else ("–" if len(means) < 2 else "no")})
     measured = [r for r in records if r["rises"] != "–"]
     if not measured:
@@ -130,24 +142,28 @@ def claim_across_tasks(s: pd.DataFrame) -> Claim:
 
 
 def claim_beats_other_drafters(s: pd.DataFrame) -> Claim:
+    others = ("layerskip", "assisted")
     records = []
     for cell, rows in cells(s):
-        for other in ("layerskip", "assisted"):
+        if CONTROLLER not in set(rows["label"]):
+            continue
+        for other in others:
             if other in set(rows["label"]):
                 ci = paired_ratio(rows, CONTROLLER, other)
                 records.append({**cell, "vs": other, "SparseSpec-L / other": fmt_ci(ci), "standing": standing(ci)})
     table = pd.DataFrame(records)
     long = table[table["ctx"] >= LONG_CONTEXT] if not table.empty else table
     claim = "It beats LayerSkip-style and assisted drafting beyond 20K"
-    if long.empty:
-        longest = f" (the longest measured: {table['ctx'].max() // 1000}K)" if not table.empty else ""
+    missing = [o for o in others if long.empty or o not in set(long["vs"])]
+    if missing:
+        shown = f" (the cells below are shorter: up to {ctx_name(table['ctx'].max())})" if not table.empty else ""
         return Claim(claim, "not measurable here",
-                     f"no cell at {LONG_CONTEXT // 1000}K or more ran LayerSkip or assisted drafting{longest}; "
-                     f"the shorter cells are shown", table)
+                     f"no cell at {ctx_name(LONG_CONTEXT)} or more ran {' or '.join(missing)} beside SparseSpec-L{shown}",
+                     table)
     ahead = (long["standing"] == "ahead").sum()
     return Claim(claim, "reproduced" if ahead == len(long) else "not reproduced",
                  f"ahead (paired 95% interval above 1) in {ahead} of {len(long)} comparisons at "
-                 f"{LONG_CONTEXT // 1000}K or more", table)
+                 f"{ctx_name(LONG_CONTEXT)} or more", table)
 
 
 def claim_controller(s: pd.DataFrame) -> Claim:
@@ -206,12 +222,13 @@ def claim_quality(s: pd.DataFrame) -> Claim:
     claim = "Output quality is unchanged"
     if matched.empty:
         return Claim(claim, "not measurable here", "no greedy sample was compared with AR")
-    share = matched.mean()
+    same = int(matched.astype(bool).sum())
     table = (speculative.groupby("label")["outputs_match_ar"].agg(["mean", "size"])
              .rename(columns={"mean": "share token-identical to AR", "size": "samples"}).reset_index())
-    return Claim(claim, "reproduced" if share == 1 else "not reproduced",
-                 f"{share:.0%} of {len(matched)} greedy outputs of every speculative method are token-identical to "
-                 f"AR's (so every task score is identical; lm-eval parity is tested in tests/test_lm_eval.py)", table)
+    summary = f"{same} of {len(matched)} greedy outputs of the speculative methods are token-identical to AR's"
+    if same == len(matched):
+        summary += " (so every task score is identical; lm-eval parity is tested in tests/test_lm_eval.py)"
+    return Claim(claim, "reproduced" if same == len(matched) else "not reproduced", summary, table)
 
 
 CLAIMS = (claim_context_growth, claim_across_tasks, claim_beats_other_drafters, claim_controller,
@@ -230,7 +247,7 @@ def speedup_table(s: pd.DataFrame, labels=(CONTROLLER, *FIXED_K, *SIMPLER_DRAFTS
     """Speed-up over AR with its 95% interval, one row per cell, one column per method."""
     records = []
     for cell, rows in cells(s):
-        record = {**cell, "ctx": f"{cell['ctx'] // 1000}K", "prompts": rows.loc[rows["label"] == "ar", "prompt_id"].nunique()}
+        record = {**cell, "ctx": ctx_name(cell["ctx"]), "prompts": rows.loc[rows["label"] == "ar", "prompt_id"].nunique()}
         record.update({label: fmt_ci(speedup_ci(rows, label)) for label in labels if label in set(rows["label"])})
         records.append(record)
     return pd.DataFrame(records)

@@ -6,7 +6,9 @@ Two measurements, timing only (random token ids; the values never change the wor
 1. every distinct nn.Linear shape of the model, at 1 row (an AR step) and at q rows (a verification of
    q - 1 drafts), computed four ways: nn.Linear (x @ W^T), the weight stored column-major,
    W @ x^T, and fused Q|K|V and gate|up projections;
-2. one forward of q tokens over a `ctx`-token cache, the way the decode loop verifies (explicit
+2. the attention alone, every layer's q queries over `ctx` keys the way verification computes it
+   (explicit packed-GQA softmax(QK^T)V), summed over the layers;
+3. one forward of q tokens over a `ctx`-token cache, the way the decode loop verifies (explicit
    packed-GQA attention), with and without recording the attention each position received
    (SparseSpec-L's recycled scores), as a multiple of one AR step at the same context.
 
@@ -25,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparsespec.attention import ExplicitAttentionHook, attention_received  # noqa: E402
+from sparsespec.attention import (ExplicitAttentionHook, apply_probs, attention_received,  # noqa: E402
+                                  grouped_attention_probs, visible_keys)
 from sparsespec.decode import sparsespec_attention, verify_logits  # noqa: E402
 from sparsespec.harness.environment import cpu_name  # noqa: E402
 from sparsespec.models import load_model  # noqa: E402
@@ -67,6 +70,24 @@ def linear_layouts(model, rows: list[int], repeats: int) -> list[dict]:
         out.append({"weight": "gate+up", "rows": q,
                     "separate_ms": median_ms(lambda: [mlp.gate_proj(x), mlp.up_proj(x)], repeats),
                     "fused_ms": median_ms(lambda: torch.nn.functional.linear(x, gate_up), repeats)})
+    return out
+
+
+def attention_alone(model, ctx: int, rows: list[int], repeats: int) -> list[dict]:
+    """ms of every layer's explicit attention for q queries over ctx keys (random values)."""
+    config = model.config.get_text_config()
+    layers, heads, kv_heads = config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    key, value = torch.randn(1, kv_heads, ctx + max(rows), dim), torch.randn(1, kv_heads, ctx + max(rows), dim)
+    out = []
+    for q in rows:
+        query = torch.randn(1, heads, q, dim)
+        k, v = key[:, :, :ctx + q], value[:, :, :ctx + q]
+        visible = visible_keys(None, q, ctx + q, query.device)
+
+        def attend():
+            apply_probs(grouped_attention_probs(query, k, visible, dim ** -0.5), v, query.dtype)
+        out.append({"ctx": ctx, "rows": q, "attention_ms_all_layers": layers * median_ms(attend, repeats)})
     return out
 
 
@@ -119,15 +140,18 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     model, _ = load_model({"name": args.model, "embedded": args.model}, device="cpu")
     linears = linear_layouts(model, rows, args.repeats * 4)
+    attention = attention_alone(model, args.ctx, rows, args.repeats * 2)
     forwards = verification_forwards(model, args.ctx, rows, args.repeats)
     text = (f"model {args.model}, {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads\n\n"
             f"Linear layers of one decoder layer (ms):\n\n{markdown(linears)}\n\n"
+            f"Attention alone, every layer (ms):\n\n{markdown(attention)}\n\n"
             f"One forward over {args.ctx} cached tokens (ms; in AR steps = / the 1-row forward):\n\n{markdown(forwards)}\n")
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "verify_cost.json").write_text(json.dumps({"model": args.model, "ctx": args.ctx,
-                                                               "linears": linears, "forwards": forwards}, indent=1))
+                                                               "linears": linears, "attention": attention,
+                                                               "forwards": forwards}, indent=1))
         (args.out / "verify_cost.md").write_text(text)
 
 

@@ -44,6 +44,7 @@ from .cache import num_decoder_layers
 from .eos import through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
+from .logits import target_logits
 from .methods.ar import AutoregressiveDrafter
 from .methods.layerskip import LayerSkipDrafter, early_exit
 from .methods.pld import PromptLookupDrafter, lookup_continuation
@@ -197,20 +198,6 @@ class BatchVerifyHook:
             if observe is not None:
                 observe(module.layer_idx, probs[b:b + 1, ..., :self.cache.length_list[b] + q])
         return apply_probs(probs, value, query.dtype), None
-
-
-def batch_logits(model, **inputs) -> torch.Tensor:
-    """The target's logits at every position, (B, q, V); W @ h^T for a plain linear head
-    (`decode.verify_logits` says why), the model's own head otherwise."""
-    head = model.get_output_embeddings()
-    config = model.config.get_text_config()
-    plain = (type(head) is torch.nn.Linear and head.bias is None
-             and getattr(config, "final_logit_softcapping", None) is None
-             and getattr(config, "logit_scale", None) is None)
-    if not plain:
-        return model(**inputs).logits
-    hidden = model.get_decoder()(**inputs).last_hidden_state                       # (B, q, D)
-    return torch.matmul(head.weight, hidden.transpose(1, 2)).transpose(1, 2)       # (B, q, V)
 
 
 # --- the batched sparse-KV draft ------------------------------------------------------------
@@ -506,7 +493,7 @@ def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_t
 
     from .decode import sparsespec_attention
     active = [s for s in seqs if not s.done(stop_ids)]
-    if len(active) < len(seqs):
+    if active and len(active) < len(seqs):      # none left: every sequence ended at its first token
         cache.keep([s.index for s in active])
     clock = Stopwatch(device)
     with sparsespec_attention(model), clock:
@@ -564,7 +551,7 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
         hook = BatchVerifyHook(cache, windows, observers)
         inputs = torch.cat([last.view(-1, 1), drafts], dim=1)                          # (B, k+1)
         positions = cache.slots(k + 1)                                                 # (B, k+1)
-        logits = batch_logits(model, input_ids=inputs, position_ids=positions, past_key_values=cache,
+        logits = target_logits(model, input_ids=inputs, position_ids=positions, past_key_values=cache,
                               use_cache=True, attn_hook=hook)                          # (B, k+1, V)
         accepted, lengths = [], []
         for row, s in enumerate(active):

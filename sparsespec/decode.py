@@ -22,6 +22,7 @@ from . import attention, batch
 from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
+from .logits import target_logits
 from .method_options import resolve
 from .methods import METHODS
 from .methods.base import DecodeState
@@ -57,7 +58,8 @@ def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
     ids = ids.long()
     if ids.dim() == 2:
         if ids.shape[0] != 1:
-            raise ConfigError(f"input_ids holds a batch of {ids.shape[0]} prompts; generate takes exactly one")
+            raise ConfigError(f"input_ids holds a batch of {ids.shape[0]} prompts where one is expected; "
+                              f"generate decodes a batch given as a list of prompts or a tensor")
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
         raise ConfigError(f"input_ids must be one non-empty prompt, shape (L,) or (1, L); got {tuple(ids.shape)}")
@@ -120,7 +122,7 @@ def check_prefilled(prefilled: Prefilled, prompt: torch.Tensor, method, max_new_
 def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int | None = None,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
-             cost_prior=None, attention_mask=None, **method_options) -> Generation:
+             cost_prior=None, attention_mask=None, **method_options) -> "Generation | batch.BatchGenerations":
     """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
     tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
     `prefill()`), start from that shared prefill instead of running one; the method, its options and
@@ -269,20 +271,8 @@ def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, w
 
 
 def verify_logits(model, **inputs) -> torch.Tensor:
-    """The target's logits at every verified position, (q, V).
-
-    For a plain linear LM head they are computed as (W @ h^T)^T: for a handful of rows, CPU BLAS
-    runs h @ W^T (what nn.Linear does) ~2.5x slower (SmolLM2's head, 5 rows: 18 vs 6.4 ms).
-    Other heads (soft-capping, logit scales, biases) go through the model's own forward."""
-    head = model.get_output_embeddings()
-    config = model.config.get_text_config()
-    plain = (type(head) is torch.nn.Linear and head.bias is None
-             and getattr(config, "final_logit_softcapping", None) is None
-             and getattr(config, "logit_scale", None) is None)
-    if not plain:
-        return model(**inputs).logits[0]
-    hidden = model.get_decoder()(**inputs).last_hidden_state[0]                   # (q, D)
-    return torch.matmul(head.weight, hidden.T).T                                  # (q, V)
+    """The target's logits at every verified position of one sequence, (q, V) (sparsespec/logits.py)."""
+    return target_logits(model, **inputs)[0]
 
 
 def cut_at_eos(emitted: list[int], stop_ids: set[int], round_: Round) -> list[int]:

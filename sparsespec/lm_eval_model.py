@@ -47,7 +47,9 @@ NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty
 
 @register_model("sparsespec")
 class SparseSpecLM(HFLM):
-    """HFLM whose `generate_until` decodes with a sparsespec method, one request at a time."""
+    """HFLM whose `generate_until` decodes with a sparsespec method: one request at a time, or
+    lm-eval's left-padded batches (`batch_size=N`) through the batched engine where the method runs
+    batched (sparsespec.batch.batched_methods)."""
 
     def __init__(self, pretrained, method: str = "sparsespec", **model_args):
         method, hf_args, options = parse_model_args(method, model_args)
@@ -60,7 +62,7 @@ class SparseSpecLM(HFLM):
         self.method_options = options
         self.request_stats: list[dict] = []
         self._last_generation = None
-        self._batch_generations: dict[tuple, object] = {}     # unpadded context ids -> Generation
+        self._batch_generations: dict[tuple, list] = {}     # unpadded context ids -> its requests' Generations
         self.generation_batch_size = self.generation_batch_size_for(self.batch_size)
 
     def generation_batch_size_for(self, batch_size) -> int:
@@ -100,10 +102,13 @@ class SparseSpecLM(HFLM):
             max_gen = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
             ids, _ = self.tok_batch_encode([context], left_truncate_len=self.max_length - max_gen,
                                            truncation=self.truncation)
-            generation = self._batch_generations.get(tuple(ids[0].tolist()))
-            if generation is not None:
-                self.request_stats.append(lm_eval_stats.request_record(request, generation, text))
-                self._last_generation = generation
+            same_context = self._batch_generations.get(tuple(ids[0].tolist()))
+            if not same_context:       # a statistic silently missing would bias the report
+                raise RuntimeError("a batched request's generation was not found by its context ids; "
+                                   "the speculation statistics would be incomplete")
+            generation = same_context.pop(0)          # identical contexts: one generation each, in order
+            self.request_stats.append(lm_eval_stats.request_record(request, generation, text))
+            self._last_generation = generation
         if self.request_stats and self.rank == 0:
             print(lm_eval_stats.format_table(self.speculation_report()))
         return outputs
@@ -138,7 +143,7 @@ class SparseSpecLM(HFLM):
         new = torch.full((context.shape[0], width), pad, dtype=context.dtype, device=context.device)
         for row, (ids, m, generation) in enumerate(zip(context, mask, generations)):
             new[row, :len(generation.tokens)] = torch.tensor(generation.tokens, dtype=context.dtype)
-            self._batch_generations[tuple(ids[m.bool()].tolist())] = generation
+            self._batch_generations.setdefault(tuple(ids[m.bool()].tolist()), []).append(generation)
         return torch.cat([context, new], dim=1)
 
     def stop_token_ids(self) -> list[int]:
@@ -174,7 +179,7 @@ def parse_model_args(method, model_args: dict) -> tuple[str, dict, dict]:
                 f"(e.g. pretrained, dtype, device, max_length, batch_size)")
     if str(hf_args.get("batch_size", 1)).startswith("auto"):
         raise ConfigError("batch_size=auto is not supported by the sparsespec model; "
-                          "give an integer (it batches log-likelihood requests only)")
+                          "give an integer (it batches log-likelihoods, and generation for the batched methods)")
     options = coerce_options(method, options)
     resolve(method, options)   # every value checked now; a budget needs no context (too big: dense draft)
     return method, hf_args, options

@@ -144,10 +144,12 @@ def aggregate(samples: list[dict]) -> dict:
 
 
 def batch_metrics(samples: list[dict]) -> dict:
-    """A batched run's own metrics (nothing for batch size 1): the batch's throughput (tokens/s over
-    the batch, mean over batches: one sample per batch, its row 0, carries the batch), batched AR's
-    at the same batch size, the batch speed-up with its 95% interval, and the per-sequence latency
-    (decode seconds until each sequence finished, mean over prompts)."""
+    """A batched run's own metrics (nothing for batch size 1), from the one sample per batch that
+    carries the batch (its row 0): the throughput, all batches' tokens over all their decode seconds
+    (a short last batch weighs by its time, not as a full batch); batched AR's at the same batch size
+    (mean over batches); the batch speed-up, the mean over batches of each batch's ratio to batched AR
+    on the same prompts, with its 95% interval; and the per-sequence latency (decode seconds until
+    each sequence finished, mean over prompts; prefill excluded, reported as prefill_s)."""
     batched = [s for s in samples if s.get("batch_size")]
     if not batched:
         return {}
@@ -155,7 +157,9 @@ def batch_metrics(samples: list[dict]) -> dict:
     speedup = stats.mean_ci([s["batch_speedup_vs_ar"] for s in firsts if s["batch_speedup_vs_ar"] is not None])
     ar = [s["ar_batch_tokens_per_s"] for s in firsts if s["ar_batch_tokens_per_s"] is not None]
     return {"batch_size": batched[0]["batch_size"], "n_batches": len(firsts),
-            "batch_tokens_per_s": _mean([s["batch_tokens_per_s"] for s in firsts]),
+            "batch_tokens_per_s": stats.ratio(sum(s["batch_tokens_per_s"] * s["batch_decode_s"] for s in firsts),
+                                              sum(s["batch_decode_s"] for s in firsts)),
+            "n_sequences": len(batched),
             "ar_batch_tokens_per_s": _mean(ar),
             "batch_speedup_vs_ar": speedup.mean, "batch_speedup_vs_ar_ci95_low": speedup.low,
             "batch_speedup_vs_ar_ci95_high": speedup.high,
