@@ -115,6 +115,18 @@ def test_finished_sequences_leave_the_batch(references, monkeypatch):
     assert gens[1].decode_s < gens.decode_s                  # its latency ends when it finishes
 
 
+@pytest.mark.parametrize("first_is_eos", [False, True])
+def test_a_batch_that_ends_at_its_first_token_returns_that_token(references, first_is_eos):
+    """max_new_tokens=1, or every sequence's first token an EOS: nothing is left to decode."""
+    model, prompts, alone = references["llama"]
+    eos = alone[0][0] if first_is_eos else None
+    gens = sparsespec.generate(model, [prompts[0], prompts[0]], method="sparsespec",
+                               max_new_tokens=NEW if first_is_eos else 1, eos_token_id=eos,
+                               stop_at_eos=first_is_eos, **TINY_BUDGET)
+    assert [g.tokens for g in gens] == [[alone[0][0]]] * 2
+    assert all(not g.rounds for g in gens)
+
+
 def test_entropy_controller_picks_one_k_and_traces_each_sequence(references):
     model, prompts, alone = references["llama"]
     gens = sparsespec.generate(model, prompts, method="sparsespec", max_new_tokens=NEW, stop_at_eos=False,
