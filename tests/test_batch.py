@@ -305,7 +305,7 @@ def test_lm_eval_model_generates_a_padded_batch_like_each_request_alone(referenc
     for b, ref in enumerate(alone[1:4]):
         new = out[b, width:].tolist()
         assert new[:10] == ref[:10]
-        assert lm._batch_generations[tuple(rows[b].tolist())].tokens == ref[:10]
+        assert [g.tokens for g in lm._batch_generations[tuple(rows[b].tolist())]] == [ref[:10]]
 
 
 def test_bench_batch_experiment_cells_are_valid(tmp_path):

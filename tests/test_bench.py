@@ -127,7 +127,7 @@ def test_method_entries_take_options_and_are_checked(tmp_path):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         node = runner.method_node("sparsespec_fixed:k=8,recent=32,draft_weights=full")
         assert (node.name, node.label, node.options.k, node.options.recent, node.options.draft_weights) == \
-            ("sparsespec", "sparsespec_fixed", 8, 32, "full")
+            ("sparsespec", "sparsespec_fixed recent=32,draft_weights=full", 8, 32, "full")
         assert runner.method_node("hf_pld:prompt_lookup_num_tokens=5").options.prompt_lookup_num_tokens == 5
         cfg = compose("config", overrides=["bench.methods=['streaming:bogus=1']"])
         bad = runner.method_runs(cfg, tmp_path)[1]
