@@ -97,16 +97,21 @@ def prompts_of(input_ids, attention_mask, as_prompt) -> list[torch.Tensor]:
 
 # --- the batch cache ----------------------------------------------------------------------------
 
-class BatchLayer(CacheLayerMixin):
-    """(B, Hkv, capacity, D) buffers; `update` writes the q new K/V of sequence b at slots
-    L_b..L_b+q-1 and returns the slots [0, max_b L_b + q). Lengths live in the owner."""
+class OwnedLayer(CacheLayerMixin):
+    """A cache layer whose lengths and positions live in its owning cache (`owner`): never sliding
+    (windows come from absolute positions in the masks), never cropped, not compiled."""
     is_sliding = False
     is_croppable = False
     is_compileable = False
 
-    def __init__(self, owner: "BatchCache"):
+    def __init__(self, owner):
         super().__init__()
         self.owner = owner
+
+
+class BatchLayer(OwnedLayer):
+    """(B, Hkv, capacity, D) buffers; `update` writes the q new K/V of sequence b at slots
+    L_b..L_b+q-1 and returns the slots [0, max_b L_b + q). Lengths live in the owner."""
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise RuntimeError("a BatchCache is filled from prefills (`BatchCache.load`), never lazily")
@@ -202,17 +207,10 @@ class BatchVerifyHook:
 
 # --- the batched sparse-KV draft ------------------------------------------------------------
 
-class BatchDraftLayer(CacheLayerMixin):
+class BatchDraftLayer(OwnedLayer):
     """(B, Hkv, S, D) draft buffers: the gathered positions in slots [0, M) (padded per sequence,
     `positions` -1 where empty), then one slot per draft step. `positions` (B, Hkv, S) holds each
-    slot's absolute position."""
-    is_sliding = False
-    is_croppable = False
-    is_compileable = False
-
-    def __init__(self, owner: "BatchDraftCache"):
-        super().__init__()
-        self.owner = owner
+    slot's absolute position. The draft step's query position lives in the owner."""
 
     def load(self, keys, values, positions) -> None:
         """keys/values (B, Hkv, M, D) at absolute `positions` (B, Hkv, M), -1 = padding."""
