@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from .controller import CostProfile, CycleK, EntropyBins
+from .controller import CostProfile, CycleK, EntropyBins, judged
 from .decode import generate
 from .errors import ConfigError
 from .methods import METHODS
@@ -53,15 +53,16 @@ def profile_of(rounds) -> CostProfile:
     steps = [r.draft_s / r.draft_steps for r in rounds if r.draft_steps]
     if not steps or not verify:
         raise ConfigError("the cost profile drafted nothing: the method proposed no tokens on this prompt")
-    accepted = [h for r in rounds for h in r.entropies[:r.accepted]]
-    rejected = [r.entropies[r.accepted] for r in rounds if r.accepted < r.drafted and len(r.entropies) > r.accepted]
-    judged = len(accepted) + len(rejected)
-    bins = EntropyBins()
+    accepted, rejected, bins = [], [], EntropyBins()
     for r in rounds:
+        taken, refused = judged(r.entropies, r.accepted, r.drafted)
+        accepted += taken
+        rejected += [] if refused is None else [refused]
         bins.add_round(r.entropies, r.accepted, r.drafted)
+    n_judged = len(accepted) + len(rejected)
     return CostProfile(draft_step_s=statistics.median(steps),
                        verify_s={k: statistics.median(v) for k, v in sorted(verify.items())},
                        accepted_entropy=statistics.fmean(accepted) if accepted else None,
                        rejected_entropy=statistics.fmean(rejected) if rejected else None,
-                       acceptance_rate=len(accepted) / judged if judged else None,
-                       bins=bins if judged else None)
+                       acceptance_rate=len(accepted) / n_judged if n_judged else None,
+                       bins=bins if n_judged else None)

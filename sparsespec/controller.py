@@ -110,6 +110,13 @@ ENTROPY_BINS = 12         # the last bin is open: everything above 5.5 nats
 BIN_SHRINKAGE = 4.0       # pseudo-drafts at the overall rate: a bin's own rate takes over after a handful
 
 
+def judged(entropies: Sequence[float], accepted: int, submitted: int) -> tuple[list[float], float | None]:
+    """What verification judged of a round's drafts: the entropies of the accepted ones, and that of
+    the first rejected one (None when all were accepted); drafts after it were never judged."""
+    rejected = entropies[accepted] if accepted < submitted and accepted < len(entropies) else None
+    return list(entropies[:accepted]), rejected
+
+
 def entropy_bin(entropy: float) -> int:
     return min(max(int(entropy / ENTROPY_BIN_NATS), 0), ENTROPY_BINS - 1)
 
@@ -126,11 +133,12 @@ class EntropyBins:
         self.accepted[b] += weight * accepted
 
     def add_round(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
-        """Drafts 1..accepted were accepted; the first after them was rejected; later ones were never judged."""
-        for h in entropies[:accepted]:
+        """Count what verification judged of one round (`judged`)."""
+        taken, rejected = judged(entropies, accepted, submitted)
+        for h in taken:
             self.add(h, True)
-        if accepted < submitted and accepted < len(entropies):
-            self.add(entropies[accepted], False)
+        if rejected is not None:
+            self.add(rejected, False)
 
     def acceptance(self, entropy: float, rate: float) -> float:
         b = entropy_bin(entropy)
@@ -446,10 +454,11 @@ class EntropyController(Controller):
         self.n_accepted += accepted
         self.n_rejected += int(accepted < submitted)
         self.bins.add_round(entropies, accepted, submitted)
-        for h in entropies[:accepted]:
+        taken, rejected = judged(entropies, accepted, submitted)
+        for h in taken:
             self.mu_acc = h if self.mu_acc is None else (1 - self.ema_entropy) * self.mu_acc + self.ema_entropy * h
-        if accepted < submitted:
-            h = entropies[accepted]
+        if rejected is not None:
+            h = rejected
             self.mu_rej = h if self.mu_rej is None else (1 - self.ema_entropy) * self.mu_rej + self.ema_entropy * h
 
     def _learn_costs(self, submitted: int, draft_step_s: float | None, verify_s: float) -> None:
