@@ -1,6 +1,7 @@
 """Batched decoding: B prompts of different lengths decoded together, lossless per sequence.
 
-    prefill each prompt alone (B=1, the single-sequence prefill, its drafter observing it)
+    prefill each prompt alone (B=1, the single-sequence prefill, its drafter observing it), or
+        start from the prompts' shared prefills (`generate(prompts, prefilled=[...])`)
     copy the B prompt caches into one `BatchCache` (sequence b's position p at slot p)
     repeat while a sequence is unfinished:
         k      = the batch controller's draft length (one k for every sequence of the batch)
@@ -460,11 +461,19 @@ def check_batchable(method: str, options: dict) -> None:
 
 
 def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_tokens: int,
-                   sampler: Sampler, stop_ids: set, cost_prior, options: dict, build_method) -> BatchGenerations:
-    """Decode `prompts` together; see the module docstring."""
-    check_batchable(method, options)
+                   sampler: Sampler, stop_ids: set, cost_prior, options: dict, build_method,
+                   prefilled: list | None = None) -> BatchGenerations:
+    """Decode `prompts` together; see the module docstring. `prefilled` (checked by the caller):
+    one shared prefill per prompt (`sparsespec.prefill`), decoded from instead of prefilling."""
+    if prefilled is None:
+        check_batchable(method, options)
+        built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
+    else:
+        check_batchable(method, prefilled[0].options)
+        built = [(p.drafter, p.controller, p.options) for p in prefilled]
+        for p in prefilled:
+            p.used = True
     device = prompts[0].device
-    built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
     controller = built[0][1]                               # the batch's one controller
     if cost_prior is not None:
         controller.use_cost_prior(cost_prior)
@@ -474,7 +483,8 @@ def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_t
     seqs, prefills = [], []
     for b, (prompt, (drafter, _, _)) in enumerate(zip(prompts, built)):
         seq = Sequence(b, prompt, drafter, sampler, capacity, max_new_tokens, model)
-        shared, watch = prefill_one(model, prompt, drafter), Stopwatch(device)
+        shared = prefill_one(model, prompt, drafter) if prefilled is None else prefilled[b].shared
+        watch = Stopwatch(device)
         with watch:
             token, _ = sampler.pick(shared.logits)
             seq.state.ids[prompt.numel()] = token

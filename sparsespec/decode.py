@@ -167,19 +167,31 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
 
 def generate_batch(model, input_ids, attention_mask, *, method, max_new_tokens, temperature, top_p, seed,
                    stop_at_eos, eos_token_id, prefilled, cost_prior, options) -> "batch.BatchGenerations":
-    """`generate` for a batch of prompts (sparsespec/batch.py)."""
+    """`generate` for a batch of prompts (sparsespec/batch.py). `prefilled`: one `Prefilled` per
+    prompt, in order (each from `prefill()` of that prompt), of one method; the batch then decodes
+    from those shared prefills instead of prefilling its prompts."""
+    prompts = batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids))
     if prefilled is not None:
-        raise ConfigError("generate(prefilled=...) decodes one prompt; a batch prefills its own prompts")
+        prefilled = list(prefilled) if isinstance(prefilled, (list, tuple)) else [prefilled]
+        if len(prefilled) != len(prompts):
+            raise ConfigError(f"generate(prefilled=...) of a batch takes one prefill per prompt: "
+                              f"got {len(prefilled)} for {len(prompts)} prompts")
+        for p, prompt in zip(prefilled, prompts):
+            check_prefilled(p, prompt, method, max_new_tokens, options)
+            if (p.method, p.options, p.max_new_tokens) != (prefilled[0].method, prefilled[0].options,
+                                                          prefilled[0].max_new_tokens):
+                raise ConfigError(f"a batch decodes one method: prefills of {p.method!r} and "
+                                  f"{prefilled[0].method!r} (or of different options) were given together")
+        method, max_new_tokens = prefilled[0].method, prefilled[0].max_new_tokens
     method = method or "sparsespec"
     max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
-    prompts = batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids))
     device = prompts[0].device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
     return batch.generate_batch(model, prompts, method=method, max_new_tokens=max_new_tokens, sampler=sampler,
                                 stop_ids=stop_ids, cost_prior=cost_prior, options=options,
-                                build_method=build_method)
+                                build_method=build_method, prefilled=prefilled)
 
 
 def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict) -> Prefilled:

@@ -20,6 +20,9 @@ tokens (accepted + 1, the target's own token, fewer only when the output is cut)
   allow if nothing but drafting and verification took time (tau = mean accepted, s = draft steps
   per round, C_v = verify seconds per round), per prompt like the speed-up, and averaged over
   prompts like it; `bound_reached` = mean speed-up / mean bound.
+- batched bound    = the same for a batch decoded together (weights read once per step for the
+  whole batch, each sequence's KV read for it): the batch's tokens over the seconds its rounds
+  spent drafting and verifying, over batched AR's tokens/s at the same batch size; per batch.
 """
 from __future__ import annotations
 
@@ -202,3 +205,17 @@ def prompt_bound(rounds: Iterable, c_ar_s: float | None) -> float | None:
         return None
     return cost_bound(mean_accepted(totals.emitted, totals.rounds), totals.draft_steps / totals.rounds,
                       c_ar_s, c_d, totals.verify_s / totals.rounds)
+
+
+def batch_bound(rounds_per_sequence: Iterable[Iterable], ar_batch_tokens_per_s: float | None) -> float | None:
+    """The cost-model bound of one batch: sum(emitted) over every sequence, over the draft and verify
+    seconds of the batch's rounds, as a ratio to batched AR's tokens/s. A batch's round times are
+    shared by the sequences in it and every sequence starts in round 1, so the sequence with the
+    most rounds lists every round of the batch once. None without rounds or an AR rate."""
+    sequences = [list(r) for r in rounds_per_sequence]
+    longest = max(sequences, key=len, default=[])
+    seconds = sum(float(_field(r, "draft_s")) + float(_field(r, "verify_s")) for r in longest)
+    emitted = sum(int(_field(r, "emitted")) for rounds in sequences for r in rounds)
+    if not ar_batch_tokens_per_s or not seconds:
+        return None
+    return emitted / seconds / ar_batch_tokens_per_s

@@ -5,7 +5,9 @@ under sampling, the joint output of a batch is exactly the product of the model'
 from __future__ import annotations
 
 import itertools
+import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -74,6 +76,37 @@ def test_batch_greedy_is_token_identical_to_ar_alone(references, arch, case):
     if case.endswith("-over"):
         assert all(g.acceptance_rate == 1.0 for g in gens)
     assert gens.tokens_per_s > 0 and gens.decode_s >= max(g.decode_s for g in gens) * 0.999
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_from_shared_prefills_is_token_identical(references, arch):
+    """Every batched method decoding from one shared prefill per prompt (what the harness's batch
+    mode does) emits exactly what it emits after its own prefills, and what AR emits alone."""
+    model, prompts, alone = references[arch]
+    methods = {case: CASES[case] for case in ("sparsespec-fixed-tiny", "sparsespec-entropy-mid", "streaming",
+                                              "snapkv_static", "pld", "layerskip", "ar")}
+    starts = [sparsespec.prefill(model, p, methods=methods, max_new_tokens=NEW) for p in prompts]
+    for case, (method, options) in methods.items():
+        own = sparsespec.generate(model, prompts, method=method, max_new_tokens=NEW, stop_at_eos=False, **options)
+        shared = sparsespec.generate(model, prompts, prefilled=[s.pop(case) for s in starts], stop_at_eos=False)
+        assert [g.tokens for g in shared] == [g.tokens for g in own] == alone, (arch, case)
+        assert [len(g.rounds) for g in shared] == [len(g.rounds) for g in own], (arch, case)
+        assert all(g.method == method and g.options["batch_size"] == len(prompts) for g in shared)
+
+
+def test_batch_prefills_must_match_the_batch(references):
+    model, prompts, _ = references["llama"]
+    methods = {"a": ("streaming", dict(k=4, sink=2, budget=24)), "b": ("ar", {})}
+    starts = [sparsespec.prefill(model, p, methods=methods, max_new_tokens=8) for p in prompts[:2]]
+    with pytest.raises(ConfigError, match="one prefill per prompt: got 1 for 2"):
+        sparsespec.generate(model, prompts[:2], prefilled=[starts[0]["a"]])
+    with pytest.raises(ConfigError, match="a batch decodes one method"):
+        sparsespec.generate(model, prompts[:2], prefilled=[starts[0]["a"], starts[1]["b"]])
+    with pytest.raises(ConfigError, match="input_ids differ"):
+        sparsespec.generate(model, prompts[1::-1], prefilled=[starts[0]["a"], starts[1]["a"]])
+    sparsespec.generate(model, prompts[:2], prefilled=[starts[0]["a"], starts[1]["a"]])
+    with pytest.raises(ConfigError, match="decoded already"):
+        sparsespec.generate(model, prompts[:2], prefilled=[starts[0]["a"], starts[1]["a"]])
 
 
 def test_padded_ids_with_attention_mask_equal_a_list(references):
@@ -264,6 +297,11 @@ def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run,
         if entry != "ar":
             assert metrics["outputs_match_ar"] == 1.0          # every sequence compared, every one equal
             assert metrics["batch_speedup_vs_ar"] > 0
+            assert metrics["batch_bound"] > 0 and metrics["batch_bound_reached"] > 0
+        else:
+            assert metrics["batch_bound"] is None
+        # one prefill per prompt, shared by AR and both methods
+        assert summary["run"]["prefill_shared"] and len(summary["run"]["prefill_shared_with"]) == 3
     folder = tmp_path / "b" / "sparsespec_fixed-k=3-budget=0.3"
     samples = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
     assert [s["prompt_id"] for s in samples] == [f"p{i}" for i in range(5)]

@@ -80,6 +80,18 @@ def test_cost_metrics_and_the_bound():
     assert stats.cost_bound(tau=5.0, steps=4, c_ar_s=1.0, c_d=0.25, c_v=1.0) == 2.5
 
 
+def test_batch_bound_counts_each_batch_round_once_and_every_sequences_tokens():
+    # a batch of two: sequence 0 runs 3 rounds, sequence 1 finishes after 2 (same shared times)
+    shared = [dict(draft_s=0.04, verify_s=0.06), dict(draft_s=0.04, verify_s=0.06), dict(draft_s=0.02, verify_s=0.03)]
+    seq0 = [rnd(4, a, **t) for a, t in zip((4, 2, 1), shared)]          # emits 5 + 3 + 2
+    seq1 = [rnd(4, a, **t) for a, t in zip((3, 4), shared)]             # emits 4 + 5
+    seconds = 0.10 + 0.10 + 0.05                                         # rounds, not rounds x sequences
+    assert stats.batch_bound([seq0, seq1], ar_batch_tokens_per_s=20.0) == pytest.approx(19 / seconds / 20.0)
+    assert stats.batch_bound([seq1, seq0], ar_batch_tokens_per_s=20.0) == pytest.approx(19 / seconds / 20.0)
+    assert stats.batch_bound([seq0, seq1], ar_batch_tokens_per_s=None) is None
+    assert stats.batch_bound([[], []], ar_batch_tokens_per_s=20.0) is None
+
+
 # ---------------------------------------------------------------- its users
 
 def gen_of(rounds: list[Round], decode_s: float, prefill_s: float = 1.0, tokens=None) -> Generation:

@@ -148,14 +148,16 @@ def batch_metrics(samples: list[dict]) -> dict:
     carries the batch (its row 0): the throughput, all batches' tokens over all their decode seconds
     (a short last batch weighs by its time, not as a full batch); batched AR's at the same batch size
     (mean over batches); the batch speed-up, the mean over batches of each batch's ratio to batched AR
-    on the same prompts, with its 95% interval; and the per-sequence latency (decode seconds until
-    each sequence finished, mean over prompts; prefill excluded, reported as prefill_s)."""
+    on the same prompts, with its 95% interval; the per-sequence latency (decode seconds until
+    each sequence finished, mean over prompts; prefill excluded, reported as prefill_s); and the
+    batched cost-model bound (mean over batches) with the share of it reached."""
     batched = [s for s in samples if s.get("batch_size")]
     if not batched:
         return {}
     firsts = [s for s in batched if s["batch_row"] == 0]
     speedup = stats.mean_ci([s["batch_speedup_vs_ar"] for s in firsts if s["batch_speedup_vs_ar"] is not None])
     ar = [s["ar_batch_tokens_per_s"] for s in firsts if s["ar_batch_tokens_per_s"] is not None]
+    bounds = [s["batch_bound"] for s in firsts if s.get("batch_bound") is not None]   # older runs: none
     return {"batch_size": batched[0]["batch_size"], "n_batches": len(firsts),
             "batch_tokens_per_s": stats.ratio(sum(s["batch_tokens_per_s"] * s["batch_decode_s"] for s in firsts),
                                               sum(s["batch_decode_s"] for s in firsts)),
@@ -163,7 +165,8 @@ def batch_metrics(samples: list[dict]) -> dict:
             "ar_batch_tokens_per_s": _mean(ar),
             "batch_speedup_vs_ar": speedup.mean, "batch_speedup_vs_ar_ci95_low": speedup.low,
             "batch_speedup_vs_ar_ci95_high": speedup.high,
-            "sequence_latency_s_mean": _mean([s["decode_s"] for s in batched])}
+            "sequence_latency_s_mean": _mean([s["decode_s"] for s in batched]),
+            "batch_bound": _mean(bounds), "batch_bound_reached": stats.ratio(speedup.mean, _mean(bounds))}
 
 
 # --------------------------------------------------------------------------------------------

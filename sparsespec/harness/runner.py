@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sparsespec import hf_reference
+from sparsespec import hf_reference, stats
 from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
 
@@ -236,22 +236,26 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
 def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
                  max_new_tokens: int) -> dict:
     """label -> BatchGenerations (one Generation per prompt of `inputs`) for every decoder, back to
-    back, each decoding the whole batch together (sparsespec/batch.py; each prefills its prompts)."""
+    back, each decoding the whole batch together (sparsespec/batch.py), all from one shared prefill
+    of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N)."""
     import sparsespec
 
+    prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
+    starts = [sparsespec.prefill(model, p, methods=decoders, max_new_tokens=max_new_tokens) for p in prompts]
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
-    return {label: sparsespec.generate(model, [torch.as_tensor(ids).view(-1) for ids in inputs], method=method,
-                                       max_new_tokens=max_new_tokens, **common, **options)
-            for label, (method, options) in decoders.items()}
+    return {label: sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts], **common)
+            for label in decoders}
 
 
 def batch_fields(gens, ref, row: int) -> dict:
     """What a sample of a batched run adds: the batch's throughput (tokens/s over the batch) and
-    batched AR's at the same batch size, their ratio, and where the prompt sat in the batch."""
+    batched AR's at the same batch size, their ratio and the batch's cost-model bound (AR: none),
+    and where the prompt sat in the batch."""
     ar = ref.tokens_per_s if ref is not None else None
     return {"batch_size": gens.batch_size, "batch_row": row, "batch_decode_s": gens.decode_s,
             "batch_tokens_per_s": gens.tokens_per_s, "ar_batch_tokens_per_s": ar,
-            "batch_speedup_vs_ar": gens.tokens_per_s / ar if ar else None}
+            "batch_speedup_vs_ar": gens.tokens_per_s / ar if ar else None,
+            "batch_bound": None if gens is ref else stats.batch_bound([g.rounds for g in gens], ar)}
 
 
 REFERENCE = "ar (reference)"   # the AR decode a prompt needs as the reference but no folder records
@@ -364,7 +368,7 @@ def open_results(run: MethodRun, device: str) -> None:
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
                shared_with: list[str], bench: dict | None, cost_prior=None) -> dict:
     cfg = run.cfg
-    prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1 and batch_size(cfg) == 1
+    prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
     return {
         "run": {**result_names(cfg), "method_name": cfg.method.name,
                 "method_options": resolved_method_options(cfg.method.name, run.options),
