@@ -286,11 +286,12 @@ def readme_block(claims: list[Claim], s: pd.DataFrame, results: str) -> str:
                       f"figures and cost tables: `{results}/figures/`.", MARK_END])
 
 
-def replace_block(text: str, block: str) -> str:
-    if MARK_BEGIN not in text or MARK_END not in text:
-        raise SystemExit(f"error: the README has no {MARK_BEGIN} ... {MARK_END} block to fill; add the two markers")
-    head, rest = text.split(MARK_BEGIN, 1)
-    return head + block + rest.split(MARK_END, 1)[1]
+def replace_block(text: str, block: str, begin: str = MARK_BEGIN, end: str = MARK_END, where: str = "the README") -> str:
+    """`text` with its generated block (from `begin` to `end`, markers included) replaced by `block`."""
+    if begin not in text or end not in text:
+        raise SystemExit(f"error: {where} has no {begin} ... {end} block to fill; add the two markers")
+    head, rest = text.split(begin, 1)
+    return head + block + rest.split(end, 1)[1]
 
 
 def main(argv: list[str] | None = None) -> int:

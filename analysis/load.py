@@ -35,7 +35,11 @@ TIME_SPLIT_KEYS = ("prefill", "draft", "verify", "select", "other")
 METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",
                "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high", "mean_accepted", "acceptance_rate",
                "prefill_s_mean", "decode_s_mean", "outputs_match_ar", "score_mean", "c_ar_s", "c_draft_s",
-               "c_verify_s", "select_s_per_round", "draft_steps_per_round", "bound", "bound_reached")
+               "c_verify_s", "select_s_per_round", "draft_steps_per_round", "bound", "bound_reached",
+               # batched runs only (batch_size > 1; see sparsespec/harness/results.py batch_metrics)
+               "batch_size", "n_batches", "batch_tokens_per_s", "ar_batch_tokens_per_s", "batch_speedup_vs_ar",
+               "batch_speedup_vs_ar_ci95_low", "batch_speedup_vs_ar_ci95_high", "sequence_latency_s_mean",
+               "batch_bound", "batch_bound_reached")
 
 COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s")
            + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)

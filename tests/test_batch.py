@@ -312,6 +312,57 @@ def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run,
     assert [s["text"] for s in samples] == [" ".join(map(str, t)) for t in alone]
 
 
+def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
+    """analysis.batch over B = 1 and 2 runs of the harness: one row per (B, method) with the runs'
+    own speed-ups and bounds, the cost split, the figure, and the document block replaced."""
+    import json
+
+    from analysis import batch as batch_analysis
+    run, _, _ = harness_run
+    methods = "bench.methods=['sparsespec_fixed:k=3,budget=0.3']"
+    for size in (1, 2):
+        run(tmp_path / "sweep" / f"b{size}", f"batch_size={size}", "num_prompts=4", methods)
+    doc = tmp_path / "benchmark.md"
+    doc.write_text(f"before\n{batch_analysis.MARK_BEGIN}\nold\n{batch_analysis.MARK_END}\nafter\n")
+    assert batch_analysis.main([str(tmp_path / "sweep"), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    assert (tmp_path / "sweep" / "batch.md").is_file()
+    assert (tmp_path / "sweep" / "figures" / "batch_scaling.png").stat().st_size > 0
+    runs = batch_analysis.batch_runs(batch_analysis.load_results(tmp_path / "sweep"))
+    assert sorted(zip(runs["B"], runs["method"])) == [(1, "ar"), (1, "sparsespec_fixed k=3"),
+                                                       (2, "ar"), (2, "sparsespec_fixed k=3")]
+    for size in (1, 2):
+        summary = json.loads((tmp_path / "sweep" / f"b{size}" / "sparsespec_fixed-k=3-budget=0.3" /
+                              "summary.json").read_text())["metrics"]
+        row = runs[(runs["B"] == size) & (runs["method"] != "ar")].iloc[0]
+        want = summary["speedup_vs_ar"] if size == 1 else summary["batch_speedup_vs_ar"]
+        assert row["speedup"] == pytest.approx(want)
+        assert row["bound"] == pytest.approx(summary["bound"] if size == 1 else summary["batch_bound"])
+        assert row["n"] == (4 if size == 1 else 2)
+    split = batch_analysis.cost_split(runs)
+    assert list(split["sizes"]) == ["1,2"] and split["K_ar_ms"].notna().all()
+
+
+def test_cost_split_recovers_per_step_and_per_sequence_costs():
+    from analysis import batch as batch_analysis
+    sizes = [1, 2, 4, 8]
+    w, k = batch_analysis.fit_per_step_and_per_sequence(sizes, [5.0 + 3.0 * b for b in sizes])
+    assert (w, k) == (pytest.approx(5.0), pytest.approx(3.0))
+    assert all(math.isnan(x) for x in batch_analysis.fit_per_step_and_per_sequence([4, 4], [1.0, 2.0]))
+    # AR step 10 + 4B ms, draft 2 + 0.5B, verify 12 + 5B; 3 tokens a round from 2 draft steps
+    rows = [{"model": "m", "task": "t", "hardware": "h", "ctx": 8000, "method": "ar", "B": b,
+             "ar_tokens_per_s": b / (10 + 4 * b) * 1e3} for b in sizes]
+    rows += [{"model": "m", "task": "t", "hardware": "h", "ctx": 8000, "method": "s", "B": b,
+              "ar_tokens_per_s": b / (10 + 4 * b) * 1e3, "c_draft_ms": 2 + 0.5 * b, "c_verify_ms": 12 + 5 * b,
+              "tokens_per_round": 3.0, "draft_steps_per_round": 2.0, "speedup": 1.0, "bound": 1.1} for b in sizes]
+    split = batch_analysis.cost_split(pd.DataFrame(rows)).iloc[0]
+    assert (split["W_ar_ms"], split["K_ar_ms"]) == (pytest.approx(10), pytest.approx(4))
+    assert (split["W_v_ms"], split["K_v_ms"]) == (pytest.approx(12), pytest.approx(5))
+    assert split["large_batch_limit"] == pytest.approx(3 * 4 / (2 * 0.5 + 5))
+    assert split["per_sequence_share_ar_at_max_B"] == pytest.approx(32 / 42)
+
+
 def test_harness_refuses_a_method_that_does_not_run_batched(harness_run, tmp_path):
     run, _, _ = harness_run
     with pytest.raises(ConfigError, match="does not run batched"):
