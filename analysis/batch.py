@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.claims import replace_block  # noqa: E402
-from analysis.load import load_results  # noqa: E402
+from analysis.load import NoResults, load_results_folder  # noqa: E402
 from analysis.plots import new_figure  # noqa: E402
 from analysis.tables import per_run  # noqa: E402
 from sparsespec.tables import markdown_table  # noqa: E402
@@ -170,12 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", help="a batch sweep's results folder (e.g. docs/runs/batch)")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmark.md"), help="whose batch block to fill")
     args = parser.parse_args(argv)
-    if not Path(args.results).is_dir():
-        print(f"error: results folder {args.results!r} does not exist", file=sys.stderr)
-        return 2
-    df = load_results(args.results)
-    if df.empty:
-        print(f"error: no samples.jsonl under {args.results}", file=sys.stderr)
+    try:
+        df = load_results_folder(args.results)
+    except NoResults as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     runs = batch_runs(df)
     full, block = document(runs, args.results)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.frames import with_labels
-from analysis.load import load_results
+from analysis.load import NoResults, load_results_folder
 from sparsespec import stats
 from sparsespec.tables import markdown_table
 
@@ -301,12 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="whose claims block to fill")
     parser.add_argument("--no-figures", action="store_true", help="skip the figures and cost tables")
     args = parser.parse_args(argv)
-    if not Path(args.results).is_dir():
-        print(f"error: results folder {args.results!r} does not exist", file=sys.stderr)
-        return 2
-    df = load_results(args.results)
-    if df.empty:
-        print(f"error: no samples.jsonl under {args.results}", file=sys.stderr)
+    try:
+        df = load_results_folder(args.results)
+    except NoResults as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     if not args.no_figures:
         from analysis.figures import generate

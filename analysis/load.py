@@ -266,6 +266,21 @@ def load_results(*paths: str | Path) -> pd.DataFrame:
     return frame_from_rows(rows)
 
 
+class NoResults(Exception):
+    """A results folder that does not exist or holds no samples.jsonl."""
+
+
+def load_results_folder(folder: str | Path) -> pd.DataFrame:
+    """`load_results` of one folder for a command line: NoResults (a one-line reason) when there is
+    nothing to read."""
+    if not Path(folder).is_dir():
+        raise NoResults(f"results folder {str(folder)!r} does not exist")
+    df = load_results(folder)
+    if df.empty:
+        raise NoResults(f"no samples.jsonl under {folder}")
+    return df
+
+
 # ---------------------------------------------------------------- W&B
 
 def _run_file_names(run: Any) -> set[str]:

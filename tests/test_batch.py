@@ -318,7 +318,9 @@ def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     import json
 
     from analysis import batch as batch_analysis
+    from analysis.load import load_results
     run, _, _ = harness_run
+    assert batch_analysis.main([str(tmp_path / "none")]) == 2           # one line, no traceback
     methods = "bench.methods=['sparsespec_fixed:k=3,budget=0.3']"
     for size in (1, 2):
         run(tmp_path / "sweep" / f"b{size}", f"batch_size={size}", "num_prompts=4", methods)
@@ -329,7 +331,7 @@ def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
     assert (tmp_path / "sweep" / "batch.md").is_file()
     assert (tmp_path / "sweep" / "figures" / "batch_scaling.png").stat().st_size > 0
-    runs = batch_analysis.batch_runs(batch_analysis.load_results(tmp_path / "sweep"))
+    runs = batch_analysis.batch_runs(load_results(tmp_path / "sweep"))
     assert sorted(zip(runs["B"], runs["method"])) == [(1, "ar"), (1, "sparsespec_fixed k=3"),
                                                        (2, "ar"), (2, "sparsespec_fixed k=3")]
     for size in (1, 2):
