@@ -37,7 +37,7 @@ import pandas as pd  # noqa: E402
 from analysis.claims import replace_block  # noqa: E402
 from analysis.load import NoResults, load_results_folder  # noqa: E402
 from analysis.plots import new_figure  # noqa: E402
-from analysis.tables import per_run  # noqa: E402
+from analysis.tables import order_methods, per_run  # noqa: E402
 from sparsespec.tables import markdown_table  # noqa: E402
 
 MARK_BEGIN, MARK_END = "<!-- batch:begin -->", "<!-- batch:end -->"
@@ -76,9 +76,7 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = table[[*SETTING, "B", "method", "n", "tokens_per_s", "speedup", "speedup_low", "speedup_high", "bound",
                    "reached", "latency_s", "tokens_per_round", "acceptance", "c_ar_ms", "c_draft_ms", "c_verify_ms",
                    "outputs_match_ar"]]
-    rank = table["method"].map(lambda m: (0 if m == "ar" else 1 if m == "sparsespec" else 2, m))
-    return (table.assign(_rank=rank).sort_values([*SETTING, "B", "_rank"], kind="stable").drop(columns="_rank")
-            .reset_index(drop=True))
+    return order_methods(table, setting=(*SETTING, "B"))
 
 
 def fit_per_step_and_per_sequence(sizes, costs) -> tuple[float, float]:

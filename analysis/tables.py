@@ -50,7 +50,7 @@ def method_comparison(df: pd.DataFrame) -> pd.DataFrame:
             record["acceptance_rate"] = math.nan
         records.append(record)
     table = pd.DataFrame(records, columns=METHOD_TABLE_COLUMNS)
-    return _order_methods(table)
+    return order_methods(table)
 
 
 # ---------------------------------------------------------------- measured costs
@@ -75,13 +75,13 @@ def measured_costs(df: pd.DataFrame) -> pd.DataFrame:
         record.update({name: group[column].mean() for name, column in COST_METRICS.items()})
         record.update({name: record[name] * 1e3 for name in MILLISECONDS})
         records.append(record)
-    return _order_methods(pd.DataFrame(records, columns=[*SETTING_KEYS, "runs", *COST_METRICS]))
+    return order_methods(pd.DataFrame(records, columns=[*SETTING_KEYS, "runs", *COST_METRICS]))
 
 
-def _order_methods(table: pd.DataFrame) -> pd.DataFrame:
-    """ar first, then sparsespec, then the rest alphabetically, within each setting."""
+def order_methods(table: pd.DataFrame, setting: tuple[str, ...] = ("model", "task", "ctx")) -> pd.DataFrame:
+    """ar first, then sparsespec, then the rest alphabetically, within each `setting`."""
     rank = table["method"].map(lambda m: 0 if m == "ar" else 1 if m == "sparsespec" else 2)
-    return (table.assign(_rank=rank).sort_values(["model", "task", "ctx", "_rank", "method"], kind="stable")
+    return (table.assign(_rank=rank).sort_values([*setting, "_rank", "method"], kind="stable")
             .drop(columns="_rank").reset_index(drop=True))
 
 
