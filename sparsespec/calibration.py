@@ -15,6 +15,12 @@ The same rounds seed the controller's acceptance model, so a prompt does not ope
     bins   = judged and accepted drafts per entropy bin (the default "binned" acceptance model)
 
 The profile's generation also serves as the run's warm-up.
+
+A batch's controller chooses one k for the batch from the batch's costs, so its profile is measured
+on a batch (`input_ids` a list of prompts): the same cycle, every sequence drafting the same k, each
+round's seconds the batch's, the acceptance pooled over the sequences. Without it the batch opened
+on two warm-up rounds' timings, and one slow k=8 round (2.3 s against ~0.7 s) set C_v's line so
+steep that it predicted C_v(1) < 0 and the batch drafted k=1 to the end (SmolLM2, 8K, B=8).
 """
 from __future__ import annotations
 
@@ -31,8 +37,9 @@ DEFAULT_KS = CycleK.Options().ks
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
                          **options) -> CostProfile:
-    """Draft k = each of `ks` in turn, `repeats` times, on `input_ids`; the median costs per k.
-    `options` are the method's; controller options among them are ignored (the cycle replaces them)."""
+    """Draft k = each of `ks` in turn, `repeats` times, on `input_ids` (one prompt, or a list of
+    prompts decoded as one batch); the median costs per k. `options` are the method's; controller
+    options among them are ignored (the cycle replaces them)."""
     if method not in METHODS or not METHODS[method].drafts:
         raise ConfigError(f"a cost profile needs a drafting method; got {method!r}")
     if not isinstance(repeats, int) or repeats < 1:
@@ -41,7 +48,8 @@ def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEF
     new_tokens = repeats * sum(k + 1 for k in ks) + 1          # one round per k per repeat, then one token
     gen = generate(model, input_ids, method=method, controller="cycle", ks=tuple(ks), max_new_tokens=new_tokens,
                    stop_at_eos=False, **drafter_options)
-    return profile_of(gen.rounds)
+    rounds = [r for g in gen for r in g.rounds] if isinstance(gen, list) else gen.rounds
+    return profile_of(rounds)
 
 
 def profile_of(rounds) -> CostProfile:

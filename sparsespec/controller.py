@@ -52,7 +52,8 @@ succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
 
 Costs. C_d is an EMA of measured draft-step seconds. C_v(k) is a least-squares line through an
 EMA of measured verify seconds per submitted k (two or more distinct k), else a flat line at the
-one measured value. Times come synchronised from the decode loop.
+one measured value; its slope is never negative and its intercept never below 0 (then the line is
+refitted through the origin), so no k is predicted free. Times come synchronised from the decode loop.
 """
 from __future__ import annotations
 
@@ -258,6 +259,9 @@ class LinearCostModel:
         mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
         b = sum((k - mk) * (v - mv) for k, v in zip(ks, vs)) / sum((k - mk) ** 2 for k in ks)
         b = max(b, 0.0)                      # verification never gets cheaper with more tokens
+        if mv - b * mk < 0:                  # nor free: a steep line (one slow round) would predict
+            b = sum(k * v for k, v in zip(ks, vs)) / sum(k * k for k in ks)   # C_v(1) < 0; refit through 0
+            return 0.0, b
         return mv - b * mk, b
 
     def __call__(self, k: int) -> float:

@@ -312,6 +312,25 @@ def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run,
     assert [s["text"] for s in samples] == [" ".join(map(str, t)) for t in alone]
 
 
+def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_batch(harness_run, tmp_path,
+                                                                                      monkeypatch):
+    import sparsespec.calibration as calibration
+    run, _, _ = harness_run
+    profiled = []
+    measure = calibration.measure_cost_profile
+
+    def recording(model, inputs, **kwargs):
+        profiled.append(inputs)
+        return measure(model, inputs, **kwargs)
+    monkeypatch.setattr(calibration, "measure_cost_profile", recording)
+    summaries = run(tmp_path / "b", "batch_size=2", "num_prompts=3", "bench.methods=['sparsespec:budget=0.3']",
+                    "cost_profile=true")
+    assert len(profiled) == 1 and isinstance(profiled[0], list) and len(profiled[0]) == 2   # a batch of 2
+    summary = summaries["sparsespec:budget=0.3"]
+    assert summary["run"]["cost_prior"]["verify_s"] and summary["metrics"]["outputs_match_ar"] == 1.0
+    assert summaries["ar"]["run"]["cost_prior"] is None
+
+
 def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     """analysis.batch over B = 1 and 2 runs of the harness: one row per (B, method) with the runs'
     own speed-ups and bounds, the cost split, the figure, and the document block replaced."""

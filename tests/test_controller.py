@@ -172,6 +172,37 @@ def test_a_cost_prior_puts_the_rule_in_charge_from_round_one_and_its_slope_decid
     assert steep < flat
 
 
+def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification():
+    """The B=8 failure: warm-up timed k=4 at 0.7 s and k=8 at 2.3 s (one slow round); the line
+    through them predicted C_v(1) = -0.45 s, so k=1 won every round. The line now stays above 0."""
+    from sparsespec.controller import LinearCostModel
+    line = LinearCostModel()
+    line.add(4, 0.7)
+    line.add(8, 2.3)
+    assert [round(line(k), 6) for k in (1, 4, 8)] == [round(k * (4 * 0.7 + 8 * 2.3) / 80, 6) for k in (1, 4, 8)]
+    assert all(line(k) > 0 for k in range(1, 17))
+    assert all(line(k + 1) >= line(k) for k in range(1, 16))
+    fine = LinearCostModel()                                  # an ordinary line keeps its intercept
+    fine.add(1, 0.10)
+    fine.add(9, 0.18)
+    assert fine.line() == pytest.approx((0.09, 0.01))
+
+
+def test_a_batch_cost_profile_times_batched_rounds_and_pools_their_acceptance():
+    model = build_tiny("llama")
+    prompts = [random_prompt(120, seed=1)[0], random_prompt(150, seed=2)[0]]
+    options = dict(recent=16, budget=60)
+    batched = measure_cost_profile(model, prompts, method="sparsespec", ks=(1, 4), repeats=2, **options)
+    assert set(batched.verify_s) >= {1, 4} and batched.draft_step_s > 0
+    assert batched.acceptance_rate is not None and sum(batched.bins.judged) > 0
+    gens = sparsespec.generate(model, prompts, method="sparsespec", max_new_tokens=24, stop_at_eos=False,
+                               cost_prior=batched, **options)
+    for prompt, gen in zip(prompts, gens):
+        alone = sparsespec.generate(model, prompt[None], method="ar", max_new_tokens=24, stop_at_eos=False)
+        assert gen.tokens == alone.tokens
+    assert any(r.accept_probs for r in gens[0].rounds[:2]), "with a prior the rule decides from the first rounds"
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
 def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch):
     model = build_tiny(arch)

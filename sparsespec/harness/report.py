@@ -83,8 +83,10 @@ def format_bench_table(summaries: dict[str, dict], folder: str) -> str:
     """One line per method of a side-by-side benchmark (AR first), then where the results are."""
     first = next(iter(summaries.values()))["run"]
     size = first.get("batch_size") or 1
-    shared = f"batch size {size}, each method prefilling its prompts" if size > 1 \
-        else "prefill shared by sparsespec's methods"
+    shared = ("one prefill a prompt, shared by the engine's methods" if first.get("prefill_shared")
+              else "each method prefilling its own prompts")
+    if size > 1:
+        shared = f"batch size {size}, {shared}"
     header = (f"benchmark on {first['model']} | {first['task']} ({first['source']}) | ctx {first['ctx']} | "
               f"{first['num_prompts']} prompt(s) x {first['max_new_tokens']} new tokens; {shared}; C_AR {format_cell(next(iter(summaries.values()))['metrics']['c_ar_s'], '.4f')} s")
     rows = [bench_row(entry, summary) for entry, summary in summaries.items()]

@@ -234,7 +234,7 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
 
 
 def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
-                 max_new_tokens: int) -> dict:
+                 max_new_tokens: int, cost_priors: dict | None = None) -> dict:
     """label -> BatchGenerations (one Generation per prompt of `inputs`) for every decoder, back to
     back, each decoding the whole batch together (sparsespec/batch.py), all from one shared prefill
     of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N)."""
@@ -243,7 +243,9 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
     starts = [sparsespec.prefill(model, p, methods=decoders, max_new_tokens=max_new_tokens) for p in prompts]
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
-    return {label: sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts], **common)
+    cost_priors = cost_priors or {}
+    return {label: sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
+                                       cost_prior=cost_priors.get(label), **common)
             for label in decoders}
 
 
@@ -310,9 +312,10 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
              time.perf_counter() - start)
 
 
-def measure_cost_priors(model, prompt, runs: list[MethodRun]) -> dict:
+def measure_cost_priors(model, inputs, runs: list[MethodRun]) -> dict:
     """entry -> CostProfile of every run whose controller reads costs (the entropy controller),
-    measured on the first pending prompt before anything is timed (sparsespec/calibration.py)."""
+    measured before anything is timed (sparsespec/calibration.py) on `inputs`: the first pending
+    prompt's ids, or a batch's prompts (a batch's controller weighs the batch's costs)."""
     from sparsespec.calibration import measure_cost_profile
 
     priors = {}
@@ -320,7 +323,7 @@ def measure_cost_priors(model, prompt, runs: list[MethodRun]) -> dict:
         if hf_reference.is_reference(run.method) or resolved_options(run.method, run.options).get("controller") != "entropy":
             continue
         start = time.perf_counter()
-        priors[run.entry] = measure_cost_profile(model, prompt.input_ids, method=run.method, **run.options)
+        priors[run.entry] = measure_cost_profile(model, inputs, method=run.method, **run.options)
         log.info("cost profile of %s (not recorded as a sample): %.1f s", run.entry, time.perf_counter() - start)
     return priors
 
@@ -329,7 +332,15 @@ def measure_cost_priors(model, prompt, runs: list[MethodRun]) -> dict:
 # the run
 
 
-def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig) -> None:
+def profile_inputs(pending: list, size: int):
+    """What the cost profile decodes: the first pending prompt, or at batch size B the first B
+    pending prompts as one batch (repeated when fewer are pending), so C_v(k) is a B-row verification."""
+    if size == 1:
+        return pending[0].input_ids
+    return [torch.as_tensor(pending[i % len(pending)].input_ids).view(-1) for i in range(size)]
+
+
+def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
     """Decode `prompts` batch_size at a time, every method batched (AR first, the reference at the
     same batch size); record one sample per prompt. A batch with a prompt some method has not
     finished is decoded again for that method (its finished prompts are kept as they were)."""
@@ -340,7 +351,7 @@ def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfi
         if not todo:
             continue
         gens = decode_batch(model, [prompts[i].input_ids for i in chunk], decoders_for(todo, cfg), cfg,
-                            cfg.seed + chunk[0], cfg.max_new_tokens)
+                            cfg.seed + chunk[0], cfg.max_new_tokens, cost_priors)
         ref = reference_of(gens, todo)
         for row, index in enumerate(chunk):
             for method_run in todo:
@@ -432,11 +443,10 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
                                               group=cfg.experiment_name or group, several=len(runs) > 1)
         if pending and cfg.warmup:
             warm_up(model, pending[0], runs, cfg)
-        # the cost profile is measured on one sequence; a batch's controller measures its own costs
-        cost_priors = measure_cost_priors(model, pending[0], runs) \
-            if pending and cfg.cost_profile and batch_size(cfg) == 1 else {}
+        cost_priors = measure_cost_priors(model, profile_inputs(pending, batch_size(cfg)), runs) \
+            if pending and cfg.cost_profile else {}
         if batch_size(cfg) > 1:
-            run_batches(model, tokenizer, prompts, runs, cfg)
+            run_batches(model, tokenizer, prompts, runs, cfg, cost_priors)
         bar = tqdm(prompts if batch_size(cfg) == 1 else [], unit="prompt",
                    desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}")
         for index, prompt in enumerate(bar):
