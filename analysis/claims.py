@@ -187,7 +187,9 @@ def claim_controller(s: pd.DataFrame) -> Claim:
     behind = (table["standing"] == "behind").sum()
     ahead = (table["standing"] == "ahead").sum()
     inverted = (table["inversion among fixed k"] == "yes").sum()
-    verdict = "reproduced" if behind == 0 and ahead > 0 else "not reproduced"
+    # "beats every fixed k": never behind, and ahead in most cells; ties with a best k picked after the
+    # fact are not a win, and one "ahead" among 15 cells of 3 prompts is what chance alone gives often
+    verdict = "reproduced" if behind == 0 and 2 * ahead > len(table) else "not reproduced"
     return Claim(claim, verdict,
                  f"against the best fixed k of each cell (chosen after the fact): ahead in {ahead}, tied in "
                  f"{len(table) - ahead - behind}, behind in {behind} of {len(table)} cells; a longer fixed k accepted "
