@@ -166,7 +166,8 @@ def document(runs: pd.DataFrame, results: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.batch", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="a batch sweep's results folder (e.g. docs/runs/batch)")
-    parser.add_argument("--doc", type=Path, default=Path("docs/benchmark.md"), help="whose batch block to fill")
+    parser.add_argument("--doc", default="docs/benchmark.md",
+                        help="whose batch block to fill; none: only the folder's batch.md and figure")
     args = parser.parse_args(argv)
     try:
         df = load_results_folder(args.results)
@@ -181,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     fig = scaling_figure(runs)
     for suffix in ("png", "pdf"):
         fig.savefig(out / "figures" / f"batch_scaling.{suffix}", dpi=150)
-    args.doc.write_text(replace_block(args.doc.read_text(), block, MARK_BEGIN, MARK_END, where=str(args.doc)))
-    print(f"wrote {out / 'batch.md'}, {out / 'figures' / 'batch_scaling.png'} and the batch block of {args.doc}")
+    wrote = f"wrote {out / 'batch.md'}, {out / 'figures' / 'batch_scaling.png'}"
+    if args.doc != "none":
+        doc = Path(args.doc)
+        doc.write_text(replace_block(doc.read_text(), block, MARK_BEGIN, MARK_END, where=str(doc)))
+        wrote += f" and the batch block of {doc}"
+    print(wrote)
     return 0
 
 

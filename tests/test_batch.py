@@ -350,6 +350,9 @@ def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
     assert (tmp_path / "sweep" / "batch.md").is_file()
     assert (tmp_path / "sweep" / "figures" / "batch_scaling.png").stat().st_size > 0
+    (tmp_path / "sweep" / "batch.md").unlink()
+    assert batch_analysis.main([str(tmp_path / "sweep"), "--doc", "none"]) == 0     # the folder's files only
+    assert (tmp_path / "sweep" / "batch.md").is_file() and doc.read_text() == text
     runs = batch_analysis.batch_runs(load_results(tmp_path / "sweep"))
     assert sorted(zip(runs["B"], runs["method"])) == [(1, "ar"), (1, "sparsespec_fixed k=3"),
                                                        (2, "ar"), (2, "sparsespec_fixed k=3")]
