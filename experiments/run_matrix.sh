@@ -15,7 +15,7 @@ declare -A CHUNK=(
   [qwen_8k]="model=qwen2.5_coder_0.5b ctx=8k"
   [qwen_16k]="model=qwen2.5_coder_0.5b ctx=16k"
   # 32K: the reduced method set (one 32K prefill is ~8 min a prompt here)
-  [qwen_32k]="model=qwen2.5_coder_0.5b ctx=32k bench.methods=[sparsespec,sparsespec_fixed:k=8,streaming,snapkv_static]"
+  [qwen_32k]='model=qwen2.5_coder_0.5b ctx=32k bench.methods=[sparsespec,"sparsespec_fixed:k=8",streaming,snapkv_static]'
 )
 ORDER=(smollm2_2k smollm2_4k smollm2_8k qwen_8k qwen_16k qwen_32k)
 mkdir -p docs/runs/matrix

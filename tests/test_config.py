@@ -274,3 +274,24 @@ def test_resolved_options_name_the_controller_and_its_k(hydra_conf):
     entropy = resolved_options("sparsespec", method_options(make()))
     assert entropy["controller"] == "entropy" and entropy["candidates"] == list(range(1, 17)) and "k" not in entropy
     assert resolved_options("ar", {}).keys().isdisjoint({"k", "candidates", "prior_k"})
+
+
+def matrix_chunks() -> dict[str, list[str]]:
+    """experiments/run_matrix.sh's chunks, each as the argument list bash passes (unquoted expansion:
+    split on whitespace, quotes inside the value kept for Hydra's grammar)."""
+    script = (CONF.parent / "experiments" / "run_matrix.sh").read_text()
+    chunks = {}
+    for name, single, double in re.findall(r"^\s*\[(\w+)\]=(?:'([^']*)'|\"([^\"]*)\")", script, re.M):
+        chunks[name] = (single or double).split()
+    return chunks
+
+
+def test_every_matrix_chunk_composes(hydra_conf):
+    chunks = matrix_chunks()
+    assert {"smollm2_2k", "qwen_16k", "qwen_32k"} <= set(chunks)
+    for name, args in chunks.items():
+        cfg = make("experiment=matrix_cpu", *args)
+        check_config(cfg)
+        assert cfg.model.name in {"smollm2_135m", "qwen2.5_coder_0.5b"}, name
+    reduced = make("experiment=matrix_cpu", *chunks["qwen_32k"])
+    assert list(reduced.bench.methods) == ["sparsespec", "sparsespec_fixed:k=8", "streaming", "snapkv_static"]
