@@ -294,4 +294,5 @@ def test_every_matrix_chunk_composes(hydra_conf):
         check_config(cfg)
         assert cfg.model.name in {"smollm2_135m", "qwen2.5_coder_0.5b"}, name
     reduced = make("experiment=matrix_cpu", *chunks["qwen_32k"])
-    assert list(reduced.bench.methods) == ["sparsespec", "sparsespec_fixed:k=8", "streaming", "snapkv_static"]
+    assert list(reduced.bench.methods) == ["sparsespec", "sparsespec_fixed:k=4", "sparsespec_fixed:k=8",
+                                          "sparsespec_fixed:k=16", "streaming", "snapkv_static"]
