@@ -41,7 +41,8 @@ METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", 
                "batch_speedup_vs_ar_ci95_low", "batch_speedup_vs_ar_ci95_high", "sequence_latency_s_mean",
                "batch_bound", "batch_bound_reached")
 
-COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s")
+COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s",
+            "prefill_sharers")
            + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)
            + tuple(f"run_{k}" for k in METRIC_KEYS) + ("rounds",))
 
@@ -108,6 +109,12 @@ def run_wall_seconds(run: dict) -> float:
         return math.nan
 
 
+def prefill_sharers(run: dict) -> int:
+    """How many methods decoded from this run's prefill (summary.json `run.prefill_shared_with`,
+    written by the benchmark mode); 1 for a run that prefilled alone."""
+    return len(run.get("prefill_shared_with") or []) if run.get("prefill_shared") else 1
+
+
 def draft_length(options: dict, run: dict, controller: str | None) -> Any:
     """A fixed draft length k: the config's, else the engine's default that the run resolved
     (summary.json `run.method_options`); None under a controller that picks k itself."""
@@ -155,6 +162,7 @@ def rows_from_records(summary: dict, samples: list[dict], run_label: str,
             "controller": controller, "k": draft_length(options, run, controller),
             "budget": options.get("budget"),
             "hardware": hardware_label(env, run), "run_wall_s": run_wall_seconds(run),
+            "prefill_sharers": prefill_sharers(run),
             **{f"run_{k}": metrics.get(k) for k in METRIC_KEYS}}
     return [_sample_row(base, sample) for sample in samples]
 
@@ -178,7 +186,7 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     """The tidy DataFrame with its fixed column order and dtypes."""
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     numeric = ["ctx", "seed", "temperature", "k", "budget", "budget_frac", "context_tokens",
-               "new_tokens", "n_rounds", *[c for c in COLUMNS if c.endswith("_s")],
+               "new_tokens", "n_rounds", "prefill_sharers", *[c for c in COLUMNS if c.endswith("_s")],
                "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "mean_accepted",
                "acceptance_rate", "score", *[f"run_{k}" for k in METRIC_KEYS]]
     for column in dict.fromkeys(numeric):

@@ -108,3 +108,26 @@ def test_readme_block_is_replaced_between_markers_and_a_missing_block_is_an_erro
     assert claims.replace_block(text, "NEW") == "intro\nNEW\noutro\n"
     with pytest.raises(SystemExit, match="claims:begin"):
         claims.replace_block("no markers", "NEW")
+
+
+def test_prefill_savings_count_every_method_but_one_per_shared_prefill():
+    def ar_row(run, prompt, prefill_s, sharers, ctx=32000):
+        return {"run": f"matrix/{run}/0_m_qa_ctx{ctx}/ar", "model": "m", "ctx": ctx, "method": "ar",
+                "prompt_id": prompt, "prefill_s": prefill_s, "prefill_sharers": sharers}
+    df = pd.DataFrame([ar_row("m_32k", "000", 100.0, 5), ar_row("m_32k", "001", 200.0, 5),
+                       ar_row("m_8k", "000", 30.0, 1, ctx=8000)])             # prefilled alone: nothing saved
+    table = claims.prefill_savings(df, walls={"m_32k": 1800.0})
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert (row["ctx"], row["prompts"], row["methods per prefill"]) == ("32K", 2, "5")
+    assert row["prefills saved"] == 8                                     # 2 prompts x (5 - 1)
+    assert row["prefill time saved"] == "20 min"                          # (100 + 200) s x 4
+    assert row["prefill s/prompt"] == "150 [100, 200]"
+    assert row["chunk wall time"] == "30 min"
+    assert claims.prefill_savings(df, walls={})["chunk wall time"].iloc[0] == "–"
+
+
+def test_chunk_wall_times_sum_the_sittings_of_a_chunk(tmp_path):
+    (tmp_path / "wall_times.tsv").write_text("a\t600\t2026-01-01T00:00:00Z\nb\t60\tx\na\t300\ty\n")
+    assert claims.chunk_wall_seconds(tmp_path) == {"a": 900.0, "b": 60.0}
+    assert claims.chunk_wall_seconds(tmp_path / "missing") == {}
