@@ -42,7 +42,7 @@ METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", 
                "batch_bound", "batch_bound_reached")
 
 COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s",
-            "prefill_sharers")
+            "prefill_sharers", "job")
            + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)
            + tuple(f"run_{k}" for k in METRIC_KEYS) + ("rounds",))
 
@@ -115,6 +115,15 @@ def prefill_sharers(run: dict) -> int:
     return len(run.get("prefill_shared_with") or []) if run.get("prefill_shared") else 1
 
 
+def job_label(run: dict, run_label: str) -> str:
+    """The process a run was timed in. A benchmark-mode run (summary.json `run.bench`) shares its job with
+    the other methods written beside it: its output folder's parent names the job, for local folders
+    and W&B runs alike. Any other run is a job of its own."""
+    if run.get("bench") and run.get("output_dir"):
+        return str(Path(run["output_dir"]).parent)
+    return run_label
+
+
 def draft_length(options: dict, run: dict, controller: str | None) -> Any:
     """A fixed draft length k: the config's, else the engine's default that the run resolved
     (summary.json `run.method_options`); None under a controller that picks k itself."""
@@ -162,7 +171,7 @@ def rows_from_records(summary: dict, samples: list[dict], run_label: str,
             "controller": controller, "k": draft_length(options, run, controller),
             "budget": options.get("budget"),
             "hardware": hardware_label(env, run), "run_wall_s": run_wall_seconds(run),
-            "prefill_sharers": prefill_sharers(run),
+            "prefill_sharers": prefill_sharers(run), "job": job_label(run, run_label),
             **{f"run_{k}": metrics.get(k) for k in METRIC_KEYS}}
     return [_sample_row(base, sample) for sample in samples]
 
@@ -191,7 +200,7 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
                "acceptance_rate", "score", *[f"run_{k}" for k in METRIC_KEYS]]
     for column in dict.fromkeys(numeric):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
-    for column in ("run", "experiment", "model", "task", "source", "method", "dtype", "device",
+    for column in ("run", "job", "experiment", "model", "task", "source", "method", "dtype", "device",
                    "controller", "hardware", "prompt_id"):
         df[column] = df[column].astype("object")
     return df.sort_values(["model", "task", "method", "ctx", "run", "prompt_id"],

@@ -211,12 +211,16 @@ def write_table(table: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
 
 
 def experiment_costs(df: pd.DataFrame) -> pd.DataFrame:
-    """What each experiment cost here: runs, prompts and wall time (each run's start to end, model
-    loading, warm-up and the AR reference included), per experiment and hardware."""
-    runs = df.drop_duplicates("run").assign(experiment=lambda d: d["experiment"].fillna("(none)"))
-    table = runs.groupby(["experiment", "hardware"], sort=True).agg(
-        runs=("run", "size"), prompts=("run_n_prompts", "sum"), wall_s_total=("run_wall_s", "sum"),
-        wall_s_mean=("run_wall_s", "mean"), wall_s_max=("run_wall_s", "max")).reset_index()
+    """What each experiment cost here: jobs, runs, prompts and wall time per experiment and hardware.
+    A job's wall time is its start to end (model loading, warm-up, prefill and every method's decoding);
+    the methods of one benchmark job share it, so each job is counted once, not once per method."""
+    runs = df.drop_duplicates("run").assign(experiment=lambda d: d["experiment"].fillna("(none)"),
+                                            job=lambda d: d["job"].fillna(d["run"]))
+    jobs = runs.groupby(["experiment", "hardware", "job"], sort=True).agg(
+        runs=("run", "size"), prompts=("run_n_prompts", "max"), wall_s=("run_wall_s", "max")).reset_index()
+    table = jobs.groupby(["experiment", "hardware"], sort=True).agg(
+        jobs=("job", "size"), runs=("runs", "sum"), prompts=("prompts", "sum"), wall_s_total=("wall_s", "sum"),
+        wall_s_mean=("wall_s", "mean"), wall_s_max=("wall_s", "max")).reset_index()
     table["wall_min_total"] = table["wall_s_total"] / 60
     return table
 

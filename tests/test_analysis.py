@@ -421,6 +421,20 @@ def test_experiment_costs_add_up_the_runs_wall_time(results, figures_out):
     assert table.loc["fixed_k_ablation_cpu", "runs"] == len(KS)
 
 
+def test_experiment_costs_count_a_benchmark_job_once_not_once_per_method():
+    """The methods of one benchmark job share its process: each run's start-to-end is the job's, so
+    summing runs would count the job once per method."""
+    from analysis.tables import experiment_costs
+    rows = [{"run": f"matrix/chunk/{job}_qa/{method}", "job": f"matrix/chunk/{job}_qa", "experiment": "matrix_cpu",
+             "hardware": "cpu", "run_n_prompts": 3, "run_wall_s": wall}
+            for job, wall in ((0, 600.0), (1, 900.0)) for method in ("ar", "sparsespec", "streaming")]
+    rows.append({"run": "lone", "job": None, "experiment": "matrix_cpu", "hardware": "cpu", "run_n_prompts": 2,
+                 "run_wall_s": 100.0})                           # a run without a job label is its own job
+    row = experiment_costs(pd.DataFrame(rows)).iloc[0]
+    assert (row["jobs"], row["runs"], row["prompts"]) == (3, 7, 8)
+    assert row["wall_s_total"] == pytest.approx(1600.0)
+
+
 def test_ar_row_is_the_reference(frame):
     table = method_comparison(frame)
     assert (table.loc[table["method"] == "ar", "speedup"] == 1.0).all()
