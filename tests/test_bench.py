@@ -139,7 +139,16 @@ def test_method_entries_take_options_and_are_checked(tmp_path):
     assert runner.entry_folder("sparsespec_fixed:k=4,recent=128") == "sparsespec_fixed-k=4-recent=128"
 
 
-@pytest.mark.parametrize("name", ["bench_cpu", "bench_cpu_qwen", "bench_gpu"])
+@pytest.mark.parametrize("entry,names", [("sparsespc", "unknown method 'sparsespc'.*accepted: .*sparsespec_fixed"),
+                                         ("hf_pld:max_matching_ngram", "'max_matching_ngram' must be option=value"),
+                                         ("streaming:=4", "'=4' must be option=value")])
+def test_a_bad_method_entry_is_one_line_naming_it(entry, names):
+    with pytest.raises(ConfigError, match=names) as error:
+        runner.method_node(entry)
+    assert "\n" not in str(error.value) and entry in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["bench_cpu", "bench_cpu_qwen", "bench_gpu", "matrix_cpu", "bench_batch_cpu"])
 def test_bench_experiments_list_methods_that_run_at_their_contexts(name, tmp_path):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)

@@ -27,7 +27,7 @@ from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
 
 from . import environment
-from .checks import (as_dict, check_config, check_context_fits, check_method_options, context_warnings, device_name,
+from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name,
                      method_options, model_spec, resolved_options)
 from .folder_lock import hold_folder
 from .report import format_bench_table, format_table
@@ -93,11 +93,28 @@ def entry_folder(entry: str) -> str:
 LABELLED_BY_ANALYSIS = ("k", "budget")
 
 
+def entry_names() -> list[str]:
+    """What a `bench.methods` entry may name: a conf/method file, or one of transformers' reference decoders."""
+    return sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml")) + sorted(hf_reference.OPTIONS)
+
+
+def parse_entry(entry: str) -> tuple[str, list[str]]:
+    """`name[:option=value,...]` -> (name, ["option=value", ...]); a ConfigError naming the bad part
+    (an unknown method, an option without a value) before anything is composed or loaded."""
+    name, _, extra = entry.partition(":")
+    if name not in entry_names():
+        raise ConfigError(f"bench.methods entry {entry!r}: unknown method {name!r}; accepted: {', '.join(entry_names())}")
+    assignments = [kv for kv in extra.split(",") if kv]
+    for kv in assignments:
+        if not kv.split("=", 1)[0] or "=" not in kv:
+            raise ConfigError(f"bench.methods entry {entry!r}: {kv!r} must be option=value")
+    return name, assignments
+
+
 def method_node(entry: str) -> DictConfig:
     """The `method` config of an entry `name[:option=value,...]`: conf/method/<name>.yaml with those
     options, or a reference decoder of transformers' own (`hf_generate`, `hf_pld`)."""
-    name, _, extra = entry.partition(":")
-    assignments = [kv for kv in extra.split(",") if kv]
+    name, assignments = parse_entry(entry)
     if hf_reference.is_reference(name):
         options = dict(kv.split("=", 1) for kv in assignments)
         node = OmegaConf.create({"name": name, "label": name, "options": {k: None for k in hf_reference.OPTIONS[name].names()}})
@@ -147,10 +164,7 @@ def resolved_method_options(method: str, options: dict) -> dict:
 
 
 def check_method_run(run: MethodRun) -> None:
-    if hf_reference.is_reference(run.method):
-        hf_reference.resolve_options(run.method, run.options)
-    else:
-        check_method_options(run.method, run.options)
+    resolved_method_options(run.method, run.options)
     if batch_size(run.cfg) > 1:
         from sparsespec.batch import batched_methods, check_batchable
         if hf_reference.is_reference(run.method):
@@ -340,20 +354,40 @@ def profile_inputs(pending: list, size: int):
     return [torch.as_tensor(pending[i % len(pending)].input_ids).view(-1) for i in range(size)]
 
 
+def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
+    """Decode `prompts` one at a time, every unfinished method from one shared prefill of each; record
+    one sample per prompt and method. The bar shows the last method's speed and speed-up."""
+    bar = tqdm(prompts, unit="prompt", desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}")
+    for index, prompt in enumerate(bar):
+        todo = [r for r in runs if not r.done(prompt)]
+        if todo:
+            gens = decode_prompt(model, prompt.input_ids, decoders_for(todo, cfg), cfg, cfg.seed + index,
+                                 cfg.max_new_tokens, cost_priors)
+            ref = reference_of(gens, todo)
+            for method_run in todo:
+                sample = sample_of(method_run, prompt, gens[method_run.entry], ref, model, tokenizer)
+                method_run.samples.append(sample)
+                method_run.finished[sample_key(sample)] = sample
+                method_run.tracker.log_prompt(index, sample)
+        last = runs[-1].finished[(str(prompt.id), runs[-1].label)]
+        bar.set_postfix_str(f"{last['tokens_per_s']:.1f} tok/s"
+                            + (f", {last['speedup_vs_ar']:.2f}x" if last["speedup_vs_ar"] else ""))
+
+
 def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
     """Decode `prompts` batch_size at a time, every method batched (AR first, the reference at the
     same batch size); record one sample per prompt. A batch with a prompt some method has not
     finished is decoded again for that method (its finished prompts are kept as they were)."""
     size = batch_size(cfg)
-    chunks = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
-    for chunk in tqdm(chunks, desc=f"batches of {size} x {cfg.task.name}", unit="batch"):
-        todo = [r for r in runs if not all(r.done(prompts[i]) for i in chunk)]
+    batches = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
+    for rows in tqdm(batches, desc=f"batches of {size} x {cfg.task.name}", unit="batch"):
+        todo = [r for r in runs if not all(r.done(prompts[i]) for i in rows)]
         if not todo:
             continue
-        gens = decode_batch(model, [prompts[i].input_ids for i in chunk], decoders_for(todo, cfg), cfg,
-                            cfg.seed + chunk[0], cfg.max_new_tokens, cost_priors)
+        gens = decode_batch(model, [prompts[i].input_ids for i in rows], decoders_for(todo, cfg), cfg,
+                            cfg.seed + rows[0], cfg.max_new_tokens, cost_priors)
         ref = reference_of(gens, todo)
-        for row, index in enumerate(chunk):
+        for row, index in enumerate(rows):
             for method_run in todo:
                 if method_run.done(prompts[index]):
                     continue
@@ -447,22 +481,8 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
             if pending and cfg.cost_profile else {}
         if batch_size(cfg) > 1:
             run_batches(model, tokenizer, prompts, runs, cfg, cost_priors)
-        bar = tqdm(prompts if batch_size(cfg) == 1 else [], unit="prompt",
-                   desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}")
-        for index, prompt in enumerate(bar):
-            todo = [r for r in runs if not r.done(prompt)]
-            if todo:
-                gens = decode_prompt(model, prompt.input_ids, decoders_for(todo, cfg), cfg, cfg.seed + index,
-                                     cfg.max_new_tokens, cost_priors)
-                ref = reference_of(gens, todo)
-                for method_run in todo:
-                    sample = sample_of(method_run, prompt, gens[method_run.entry], ref, model, tokenizer)
-                    method_run.samples.append(sample)
-                    method_run.finished[sample_key(sample)] = sample
-                    method_run.tracker.log_prompt(index, sample)
-            last = runs[-1].finished[(str(prompt.id), runs[-1].label)]
-            bar.set_postfix_str(f"{last['tokens_per_s']:.1f} tok/s"
-                                + (f", {last['speedup_vs_ar']:.2f}x" if last["speedup_vs_ar"] else ""))
+        else:
+            run_prompts(model, tokenizer, prompts, runs, cfg, cost_priors)
         bench = None
         if is_bench(cfg):
             busy_after = environment.cpu_busy_fraction()
