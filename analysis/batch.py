@@ -27,18 +27,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only; must precede any pyplot import downstream
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from analysis.claims import replace_block  # noqa: E402
-from analysis.load import NoResults, load_results_folder  # noqa: E402
-from analysis.plots import new_figure  # noqa: E402
-from analysis.tables import order_methods, per_run  # noqa: E402
-from sparsespec.tables import markdown_table  # noqa: E402
+from analysis.claims import replace_block, text_with_block
+from analysis.load import results_or_exit
+from analysis.plots import new_figure
+from analysis.tables import ctx_label, order_methods, per_run
+from sparsespec import stats
+from sparsespec.tables import markdown_table
 
 MARK_BEGIN, MARK_END = "<!-- batch:begin -->", "<!-- batch:end -->"
 SETTING = ["model", "task", "hardware", "ctx"]
@@ -101,7 +98,8 @@ def cost_split(runs: pd.DataFrame) -> pd.DataFrame:
         w_v, k_v = fit_per_step_and_per_sequence(group["B"], group["c_verify_ms"])
         last = group.iloc[-1]
         tau, steps = last["tokens_per_round"], last["draft_steps_per_round"]
-        limit = tau * k_ar / (steps * k_d + k_v) if np.isfinite(k_d) and k_ar > 0 else float("nan")
+        # the large-batch limit: only the per-sequence parts K remain
+        limit = stats.cost_bound(tau, steps, k_ar, k_d, k_v) if np.isfinite(k_d) and k_ar > 0 else float("nan")
         records.append({**dict(zip([*SETTING, "method"], key)), "sizes": ",".join(map(str, group["B"])),
                         "W_ar_ms": w_ar, "K_ar_ms": k_ar, "W_d_ms": w_d, "K_d_ms": k_d, "W_v_ms": w_v, "K_v_ms": k_v,
                         "per_sequence_share_ar_at_max_B": k_ar * last["B"] / (w_ar + k_ar * last["B"]),
@@ -126,7 +124,7 @@ def scaling_figure(runs: pd.DataFrame):
         ax.set_xticklabels([str(b) for b in sorted(group["B"].unique())])
         ax.set_xlabel("batch size")
         ax.set_ylabel("throughput speed-up over batched AR (×)")
-        ax.set_title(f"{key[0]} · {key[1]} · {int(key[3]) // 1000}K", fontsize=9)
+        ax.set_title(f"{key[0]} · {key[1]} · {ctx_label(key[3])}", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(f"Batched decoding: speed-up vs batch size ({', '.join(sorted(runs['hardware'].astype(str).unique()))})\n"
                  "error bars: 95% CI over batches (B = 1: over prompts)", fontsize=10)
@@ -169,12 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", default="docs/benchmark.md",
                         help="whose batch block to fill; none: only the folder's batch.md and figure")
     args = parser.parse_args(argv)
-    try:
-        df = load_results_folder(args.results)
-    except NoResults as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    runs = batch_runs(df)
+    doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), MARK_BEGIN, MARK_END, option="--doc")
+    runs = batch_runs(results_or_exit(args.results))
     full, block = document(runs, args.results)
     out = Path(args.results)
     (out / "batch.md").write_text(full)
@@ -183,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     for suffix in ("png", "pdf"):
         fig.savefig(out / "figures" / f"batch_scaling.{suffix}", dpi=150)
     wrote = f"wrote {out / 'batch.md'}, {out / 'figures' / 'batch_scaling.png'}"
-    if args.doc != "none":
+    if doc_text is not None:
         doc = Path(args.doc)
-        doc.write_text(replace_block(doc.read_text(), block, MARK_BEGIN, MARK_END, where=str(doc)))
+        doc.write_text(replace_block(doc_text, block, MARK_BEGIN, MARK_END, where=str(doc)))
         wrote += f" and the batch block of {doc}"
     print(wrote)
     return 0

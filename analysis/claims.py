@@ -23,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.frames import with_labels
-from analysis.load import NoResults, load_results_folder
+from analysis.load import results_or_exit
+from analysis.tables import ctx_label
 from sparsespec import stats
 from sparsespec.tables import markdown_table
 
@@ -60,10 +61,6 @@ def samples(df: pd.DataFrame) -> pd.DataFrame:
                          f"{first['ctx']} appears in {twice['run'].nunique()} runs; give analysis.claims one run per "
                          f"cell and method (a separate results folder per machine or batch size)")
     return out[[*CELL, "label", "prompt_id", "tokens_per_s", "speedup_vs_ar", "outputs_match_ar", "mean_accepted"]]
-
-
-def ctx_name(ctx: int) -> str:
-    return f"{ctx / 1000:g}K"
 
 
 def fmt_ci(ci: stats.MeanCI, unit: str = "×") -> str:
@@ -110,7 +107,7 @@ def claim_context_growth(s: pd.DataFrame) -> Claim:
         rises = len(means) > 1 and all(b > a for a, b in zip(means, means[1:]))
         if len(means) > 1 and not rises:
             falling.append(f"{model}/{task}")
-        records.append({"model": model, "task": task, **{ctx_name(ctx): fmt_ci(ci) for ctx, ci in by_ctx.items()},
+        records.append({"model": model, "task": task, **{ctx_label(ctx): fmt_ci(ci) for ctx, ci in by_ctx.items()},
                         "rises": "yes" if rises else ("–" if len(means) < 2 else "no")})
     measured = [r for r in records if r["rises"] != "–"]
     if not measured:
@@ -156,14 +153,14 @@ def claim_beats_other_drafters(s: pd.DataFrame) -> Claim:
     claim = "It beats LayerSkip-style and assisted drafting beyond 20K"
     missing = [o for o in others if long.empty or o not in set(long["vs"])]
     if missing:
-        shown = f" (the cells below are shorter: up to {ctx_name(table['ctx'].max())})" if not table.empty else ""
+        shown = f" (the cells below are shorter: up to {ctx_label(table['ctx'].max())})" if not table.empty else ""
         return Claim(claim, "not measurable here",
-                     f"no cell at {ctx_name(LONG_CONTEXT)} or more ran {' or '.join(missing)} beside SparseSpec-L{shown}",
+                     f"no cell at {ctx_label(LONG_CONTEXT)} or more ran {' or '.join(missing)} beside SparseSpec-L{shown}",
                      table)
     ahead = (long["standing"] == "ahead").sum()
     return Claim(claim, "reproduced" if ahead == len(long) else "not reproduced",
                  f"ahead (paired 95% interval above 1) in {ahead} of {len(long)} comparisons at "
-                 f"{ctx_name(LONG_CONTEXT)} or more", table)
+                 f"{ctx_label(LONG_CONTEXT)} or more", table)
 
 
 def claim_controller(s: pd.DataFrame) -> Claim:
@@ -214,7 +211,7 @@ def claim_selection(s: pd.DataFrame) -> Claim:
     target_ahead = (target["standing"] == "ahead").sum() if not target.empty else 0
     verdict = "reproduced" if len(target) and target_ahead == len(target) and behind == 0 else "not reproduced"
     return Claim(claim, verdict,
-                 f"ahead in {ahead}, behind in {behind} of {len(table)} comparisons; at {SELECTION_MIN_CTX // 1000}K "
+                 f"ahead in {ahead}, behind in {behind} of {len(table)} comparisons; at {ctx_label(SELECTION_MIN_CTX)} "
                  f"and above on QA and code ahead in {target_ahead} of {len(target)}", table)
 
 
@@ -237,8 +234,8 @@ CLAIMS = (claim_context_growth, claim_across_tasks, claim_beats_other_drafters, 
           claim_selection, claim_quality)
 
 
-def check_claims(df: pd.DataFrame) -> list[Claim]:
-    s = samples(df)
+def check_claims(s: pd.DataFrame) -> list[Claim]:
+    """Every claim's verdict from the per-prompt frame (`samples(df)`)."""
     return [check(s) for check in CLAIMS]
 
 
@@ -254,9 +251,14 @@ def chunk_wall_seconds(results: Path) -> dict[str, float]:
     if not path.is_file():
         return {}
     walls: dict[str, float] = {}
-    for line in path.read_text().splitlines():
-        name, seconds, *_ = line.split("\t")
-        walls[name] = walls.get(name, 0.0) + float(seconds)
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split("\t")
+        if not line.strip():
+            continue
+        try:
+            walls[fields[0]] = walls.get(fields[0], 0.0) + float(fields[1])
+        except (IndexError, ValueError):
+            raise SystemExit(f"error: {path} line {number}: expected chunk<TAB>seconds<TAB>finished, got {line!r}") from None
     return walls
 
 
@@ -270,7 +272,7 @@ def prefill_savings(df: pd.DataFrame, walls: dict[str, float] | None = None) -> 
     for (model, ctx), rows in ar.groupby(["model", "ctx"], sort=True):
         saved = (rows["prefill_s"] * (rows["prefill_sharers"] - 1)).sum()
         sharers = sorted(rows["prefill_sharers"].astype(int).unique())
-        record = {"model": model, "ctx": ctx_name(int(ctx)), "prompts": len(rows),
+        record = {"model": model, "ctx": ctx_label(int(ctx)), "prompts": len(rows),
                   "prefill s/prompt": f"{rows['prefill_s'].mean():.0f} [{rows['prefill_s'].min():.0f}, "
                                       f"{rows['prefill_s'].max():.0f}]",
                   "methods per prefill": "–".join(map(str, dict.fromkeys([sharers[0], sharers[-1]]))),
@@ -291,7 +293,7 @@ def speedup_table(s: pd.DataFrame, labels=(CONTROLLER, *FIXED_K, *SIMPLER_DRAFTS
     """Speed-up over AR with its 95% interval, one row per cell, one column per method."""
     records = []
     for cell, rows in cells(s):
-        record = {**cell, "ctx": ctx_name(cell["ctx"]), "prompts": rows.loc[rows["label"] == "ar", "prompt_id"].nunique()}
+        record = {**cell, "ctx": ctx_label(cell["ctx"]), "prompts": rows.loc[rows["label"] == "ar", "prompt_id"].nunique()}
         record.update({label: fmt_ci(speedup_ci(rows, label)) for label in labels if label in set(rows["label"])})
         records.append(record)
     return pd.DataFrame(records)
@@ -326,7 +328,7 @@ PREFILL_NOTE = ("AR and every engine method decode each prompt from one prefill 
 def readme_block(claims: list[Claim], s: pd.DataFrame, results: str, prefill: pd.DataFrame | None = None) -> str:
     controller = speedup_table(s, labels=(CONTROLLER, "sparsespec_fixed k=4", "sparsespec_fixed k=8", "streaming",
                                           "snapkv_static"))
-    measured = "; ".join(f"{model} at {', '.join(ctx_name(c) for c in sorted(rows['ctx'].unique()))}"
+    measured = "; ".join(f"{model} at {', '.join(ctx_label(c) for c in sorted(rows['ctx'].unique()))}"
                          for model, rows in s.groupby("model", sort=True))
     return "\n".join([MARK_BEGIN,
                       f"<!-- generated by `python -m analysis.claims {results}`; edits here are overwritten -->",
@@ -338,6 +340,20 @@ def readme_block(claims: list[Claim], s: pd.DataFrame, results: str, prefill: pd
                         if prefill is not None and not prefill.empty else []),
                       f"Every cell and method, and each claim's evidence: [docs/claims.md](docs/claims.md); "
                       f"figures and cost tables: `{results}/figures/`.", MARK_END])
+
+
+def text_with_block(path: Path, begin: str = MARK_BEGIN, end: str = MARK_END, option: str = "--readme") -> str:
+    """The text of a Markdown file whose generated block a command will fill, checked before the command
+    writes anything: a missing file or missing markers is a one-line error (exit status 2)."""
+    if not path.is_file():
+        print(f"error: {option} {path} does not exist; give a Markdown file holding the {begin} ... {end} markers",
+              file=sys.stderr)
+        raise SystemExit(2)
+    text = path.read_text()
+    if begin not in text or end not in text:
+        print(f"error: {option} {path} has no {begin} ... {end} block to fill; add the two markers", file=sys.stderr)
+        raise SystemExit(2)
+    return text
 
 
 def replace_block(text: str, block: str, begin: str = MARK_BEGIN, end: str = MARK_END, where: str = "the README") -> str:
@@ -355,21 +371,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=Path("README.md"), help="whose claims block to fill")
     parser.add_argument("--no-figures", action="store_true", help="skip the figures and cost tables")
     args = parser.parse_args(argv)
-    try:
-        df = load_results_folder(args.results)
-    except NoResults as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    readme = text_with_block(args.readme)
+    df = results_or_exit(args.results)
+    walls = chunk_wall_seconds(Path(args.results))        # read (and checked) before anything is written
     if not args.no_figures:
         from analysis.figures import generate
         generate(df, Path(args.results) / "figures")
-    claims = check_claims(df)
     s = samples(df)
+    claims = check_claims(s)
     hardware = ", ".join(sorted(df["hardware"].dropna().astype(str).unique())) or "unknown"
     args.claims.parent.mkdir(parents=True, exist_ok=True)
-    prefill = prefill_savings(df, chunk_wall_seconds(Path(args.results)))
+    prefill = prefill_savings(df, walls)
     args.claims.write_text(claims_document(claims, s, args.results, hardware, prefill))
-    args.readme.write_text(replace_block(args.readme.read_text(), readme_block(claims, s, args.results, prefill)))
+    args.readme.write_text(replace_block(readme, readme_block(claims, s, args.results, prefill)))
     for c in claims:
         print(f"{c.verdict:>20}  {c.claim}")
     print(f"wrote {args.claims} and the claims block of {args.readme}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -296,6 +297,15 @@ def load_results_folder(folder: str | Path) -> pd.DataFrame:
     if df.empty:
         raise NoResults(f"no samples.jsonl under {folder}")
     return df
+
+
+def results_or_exit(folder: str | Path) -> pd.DataFrame:
+    """`load_results_folder` for a command's main: nothing to read is a one-line error, exit status 2."""
+    try:
+        return load_results_folder(folder)
+    except NoResults as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # ---------------------------------------------------------------- W&B

@@ -109,14 +109,15 @@ def differing_settings(measured: dict, reference: dict) -> str:
         differs.append(f"hardware ({measured['hardware']} vs {reference['hardware']})")
     ctx = measured["ctx"]
     if not ctx or math.isnan(ctx) or abs(ctx - reference["ctx"]) / reference["ctx"] > 0.1:
-        differs.append(f"context ({_k(ctx)} vs {_k(reference['ctx'])})")
+        differs.append(f"context ({ctx_label(ctx)} vs {ctx_label(reference['ctx'])})")
     benchmark = f"{measured['task']}/{measured['source']}"
     if not any(_norm(key) in _norm(benchmark) for key in reference["benchmark_keys"]):
         differs.append(f"benchmark ({benchmark} vs {reference['benchmark']})")
     return "; ".join(differs) if differs else "none"
 
 
-def _k(ctx: float) -> str:
+def ctx_label(ctx: float) -> str:
+    """A context length as the configs name it: 16000 -> "16K", 4096 -> "4.096K"; "?" when unknown."""
     return f"{ctx / 1000:g}K" if ctx and not math.isnan(ctx) else "?"
 
 

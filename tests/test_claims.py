@@ -39,26 +39,28 @@ GOOD = {"sparsespec": lambda c: 1.2 + c / 10_000,                 # rises with c
 
 
 def verdicts(df) -> dict[str, str]:
-    return {c.claim.split(" ")[1]: c.verdict for c in claims.check_claims(df)}
+    """Each claim's verdict, keyed by its check's name (claim_controller -> "controller")."""
+    verdicts = claims.check_claims(claims.samples(df))
+    return {check.__name__.removeprefix("claim_"): c.verdict for check, c in zip(claims.CLAIMS, verdicts)}
 
 
 def test_claims_that_hold_in_the_numbers_are_reproduced():
     v = verdicts(frame(GOOD))
-    assert v["speed-up"] == "reproduced"                  # "The speed-up grows ..."
-    assert v["holds"] == "reproduced"
-    assert v["entropy"] == "reproduced"
-    assert v["top-K"] == "reproduced"
+    assert v["context_growth"] == "reproduced"
+    assert v["across_tasks"] == "reproduced"
+    assert v["controller"] == "reproduced"
+    assert v["selection"] == "reproduced"
     assert v["quality"] == "reproduced"
-    assert v["beats"] == "not measurable here"            # nothing at 20K or more
+    assert v["beats_other_drafters"] == "not measurable here"            # nothing at 20K or more
 
 
 def test_claims_that_fail_in_the_numbers_are_not_reproduced():
     bad = {**GOOD, "sparsespec": lambda c: 1.5 - c / 20_000,    # falls with context, behind fixed k=4 at 8K
            "streaming": lambda c: 1.6}                           # streaming ahead of recycled top-K
     v = verdicts(frame(bad, match=False))
-    assert v["speed-up"] == "not reproduced"
-    assert v["entropy"] == "not reproduced"
-    assert v["top-K"] == "not reproduced"
+    assert v["context_growth"] == "not reproduced"
+    assert v["controller"] == "not reproduced"
+    assert v["selection"] == "not reproduced"
     assert v["quality"] == "not reproduced"
 
 
@@ -67,19 +69,19 @@ def test_the_controller_claim_needs_the_controller_ahead_in_most_cells_not_one()
     ties do not make "beats every fixed k"; wins in most cells (none behind) do."""
     def controller_ahead_at(*contexts):
         speed = {**GOOD, "sparsespec": lambda c: GOOD["sparsespec_fixed k=4"](c) * (1.1 if c in contexts else 1.0)}
-        return verdicts(frame(speed, contexts=(2000, 8000, 32000)))["entropy"]
+        return verdicts(frame(speed, contexts=(2000, 8000, 32000)))["controller"]
     assert controller_ahead_at(8000) == "not reproduced"              # ahead in 3 of 9 cells
     assert controller_ahead_at(8000, 32000) == "reproduced"          # ahead in 6 of 9, behind in none
 
 
 def test_long_context_comparison_needs_both_other_drafters_and_every_task():
     v = verdicts(frame(GOOD, contexts=(8000, 32000), tasks=("code",)))
-    assert v["beats"] == "not measurable here"            # LayerSkip ran, assisted drafting did not
-    assert v["holds"] == "not measurable here"            # one task only
+    assert v["beats_other_drafters"] == "not measurable here"            # LayerSkip ran, assisted drafting did not
+    assert v["across_tasks"] == "not measurable here"            # one task only
     both = {**GOOD, "assisted": lambda c: 0.7}
-    assert verdicts(frame(both, contexts=(8000, 32000), tasks=("code",)))["beats"] == "reproduced"
+    assert verdicts(frame(both, contexts=(8000, 32000), tasks=("code",)))["beats_other_drafters"] == "reproduced"
     slow = {**both, "assisted": lambda c: 6.0}
-    assert verdicts(frame(slow, contexts=(8000, 32000), tasks=("code",)))["beats"] == "not reproduced"
+    assert verdicts(frame(slow, contexts=(8000, 32000), tasks=("code",)))["beats_other_drafters"] == "not reproduced"
 
 
 def test_paired_ratio_is_the_mean_of_per_prompt_ratios():
