@@ -2,7 +2,7 @@
 
     python experiments/verify_cost.py --model smollm2_135m --ctx 8000 [--out docs/runs/verify_cost]
 
-Two measurements, timing only (random token ids; the values never change the work done):
+Three measurements, timing only (random token ids; the values never change the work done):
 1. every distinct nn.Linear shape of the model, at 1 row (an AR step) and at q rows (a verification of
    q - 1 drafts), computed four ways: nn.Linear (x @ W^T), the weight stored column-major,
    W @ x^T, and fused Q|K|V and gate|up projections;
@@ -33,6 +33,7 @@ from sparsespec.decode import sparsespec_attention, verify_logits  # noqa: E402
 from sparsespec.harness.environment import cpu_name  # noqa: E402
 from sparsespec.models import load_model  # noqa: E402
 from sparsespec.shared_prefill import run_prefill  # noqa: E402
+from sparsespec.tables import markdown_table  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -120,32 +121,34 @@ def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> lis
     return out
 
 
-def markdown(rows: list[dict]) -> str:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "–"))
-                                       for k in keys) + " |")
-    return "\n".join(lines)
+def row_counts(text: str) -> list[int]:
+    """--rows: comma-separated tokens per forward, each >= 1, with 1 (the AR step every ratio divides by)."""
+    try:
+        rows = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,5,9") from None
+    if not rows or rows[0] < 1 or 1 not in rows:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be >= 1 and 1 (the AR step) must be among them")
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2_135m", help="an embedded model: smollm2_135m, qwen2.5_coder_0.5b")
     parser.add_argument("--ctx", type=int, default=8000, help="cached tokens the verification attends to")
-    parser.add_argument("--rows", default="1,5,9", help="tokens per forward; 1 is the AR step")
+    parser.add_argument("--rows", type=row_counts, default="1,5,9", help="tokens per forward; 1 is the AR step")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    rows = [int(r) for r in args.rows.split(",")]
+    rows = args.rows
     model, _ = load_model({"name": args.model, "embedded": args.model}, device="cpu")
     linears = linear_layouts(model, rows, args.repeats * 4)
     attention = attention_alone(model, args.ctx, rows, args.repeats * 2)
     forwards = verification_forwards(model, args.ctx, rows, args.repeats)
     text = (f"model {args.model}, {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads\n\n"
-            f"Linear layers of one decoder layer (ms):\n\n{markdown(linears)}\n\n"
-            f"Attention alone, every layer (ms):\n\n{markdown(attention)}\n\n"
-            f"One forward over {args.ctx} cached tokens (ms; in AR steps = / the 1-row forward):\n\n{markdown(forwards)}\n")
+            f"Linear layers of one decoder layer (ms):\n\n{markdown_table(linears)}\n\n"
+            f"Attention alone, every layer (ms):\n\n{markdown_table(attention)}\n\n"
+            f"One forward over {args.ctx} cached tokens (ms; in AR steps = / the 1-row forward):\n\n{markdown_table(forwards)}\n")
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

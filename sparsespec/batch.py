@@ -54,7 +54,7 @@ from .methods.sparse_kv import GatheredKVDrafter
 from .sampling import Sampler, accept_greedy, accept_sampling, entropy
 from .selection import sliding_window_of, window_start
 from .shared_prefill import run_prefill
-from .timing import Stopwatch, synchronize
+from .timing import RoundTimers, Stopwatch, synchronize
 
 
 def batched_methods() -> list[str]:
@@ -541,20 +541,19 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
     device = cache.lengths.device
     wanted = max(s.wanted() for s in active)
     controller.start_round(limit=wanted - 1)
-    select, draft, verify = Stopwatch(device), Stopwatch(device), Stopwatch(device)
+    timers = RoundTimers(device)
 
     # draft: (B, k) tokens, their distributions (B, k, V) when sampling, per-sequence entropies
     drafted, probs, entropies, steps = [], [], [], 0
     last = torch.stack([s.state.last.view(()) for s in active])                       # (B,)
     if drafter is not None and wanted > 1:
-        drafted, probs, entropies, steps = drafter.draft(cache, active, last, controller, sampler,
-                                                         RoundWatches(select, draft))
+        drafted, probs, entropies, steps = drafter.draft(cache, active, last, controller, sampler, timers)
     k = controller.submit_count(len(drafted)) if drafted else 0
     drafts = torch.stack(drafted[:k], dim=1) if k else last.new_zeros(len(active), 0)  # (B, k)
     per_seq = [list(col)[:k] for col in zip(*entropies)] if entropies else [[] for _ in active]
 
     # verify [last, d_1..d_k] of every sequence in one forward; accept per sequence
-    with verify:
+    with timers.verify:
         observers = [s.drafter.verify_hook().observer if drafter is not None else None for s in active]
         hook = BatchVerifyHook(cache, windows, observers)
         inputs = torch.cat([last.view(-1, 1), drafts], dim=1)                          # (B, k+1)
@@ -575,7 +574,7 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
             accepted.append(a)
             lengths.append(st.length)
         cache.set_lengths(lengths)                                                     # the rollback
-    verify_s, draft_s, select_s = verify.seconds, draft.seconds, select.seconds
+    verify_s, draft_s, select_s = timers.verify.seconds, timers.draft.seconds, timers.select.seconds
     for s, a in zip(active, accepted):
         s.drafter.after_verify(s.state, None, a, k)
     trace = controller.trace() if k else {}
@@ -585,11 +584,6 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,
                               verify_s=verify_s, select_s=select_s, draft_steps=steps, **trace))
         s.tokens.extend(st.ids[st.length - a:st.length + 1].tolist())
-
-
-class RoundWatches:
-    def __init__(self, select, draft):
-        self.select, self.draft = select, draft
 
 
 def pick_rows(sampler: Sampler, logits: torch.Tensor):

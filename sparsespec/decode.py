@@ -28,12 +28,7 @@ from .methods import METHODS
 from .methods.base import DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
 from .shared_prefill import Prefilled, run_prefill
-from .timing import Stopwatch
-
-
-class RoundTimers:
-    def __init__(self, device):
-        self.select, self.draft, self.verify = Stopwatch(device), Stopwatch(device), Stopwatch(device)
+from .timing import RoundTimers, Stopwatch
 
 
 @contextmanager

@@ -34,3 +34,9 @@ class Stopwatch:
         """Seconds so far, then reset to zero."""
         s, self.seconds = self.seconds, 0.0
         return s
+
+
+class RoundTimers:
+    """The three stopwatches of one round, shared by the single-prompt and the batched decode loops."""
+    def __init__(self, device):
+        self.select, self.draft, self.verify = Stopwatch(device), Stopwatch(device), Stopwatch(device)

@@ -4,7 +4,6 @@ window, Qwen2 with mixed layers), at mixed prompt lengths and with budgets that 
 under sampling, the joint output of a batch is exactly the product of the model's distributions."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import pandas as pd
@@ -15,7 +14,7 @@ import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt
 from sparsespec import batch
 from sparsespec.errors import ConfigError
-from test_sampling import EnumeratingSampler, one_thread, total_variation
+from test_sampling import VOCAB, enumerate_outputs, model_distribution, total_variation
 
 NEW = 32
 LENGTHS = (300, 90, 200, 40)    # past the 64-token sliding window and below it; 40 < every budget: dense
@@ -209,37 +208,18 @@ def test_bad_batch_inputs_are_one_line_errors(references):
 
 # --- sampling: the joint output of a batch is the product of the model's distributions, exactly ----
 
-VOCAB, SAMPLED_NEW = 3, 3
+SAMPLED_NEW = 3             # tokens per sequence; VOCAB (3) is test_sampling's, whose helpers enumerate it
 
 
 def joint_distribution(model, prompts, method, **options) -> dict[tuple, float]:
     """Exact distribution of the batch's outputs (tuple of each sequence's tokens), every branch of
     the batched loop's random choices enumerated (test_sampling.py's enumerating sampler)."""
-    dist, path = {}, []
-    with one_thread():
-        while True:
-            sampler = EnumeratingSampler(path, temperature=1.0)
-            prompt_ids = [p.clone() for p in prompts]
-            out = batch.generate_batch(model, prompt_ids, method=method, max_new_tokens=SAMPLED_NEW,
-                                       sampler=sampler, stop_ids=set(), cost_prior=None, options=options,
-                                       build_method=sparsespec.decode.build_method)
-            key = tuple(tuple(g.tokens) for g in out)
-            dist[key] = dist.get(key, 0.0) + sampler.weight
-            while path and path[-1] + 1 >= sampler.options[len(path) - 1]:
-                path.pop()
-            if not path:
-                return dist
-            path[-1] += 1
-
-
-@torch.inference_mode()
-def model_distribution(model, prompt) -> dict[tuple, float]:
-    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=SAMPLED_NEW)))
-    ids = torch.cat([prompt.view(1, -1).expand(len(seqs), -1), seqs], dim=1)
-    n = prompt.numel()
-    p = torch.softmax(model(ids).logits[:, n - 1:n + SAMPLED_NEW - 1].double(), -1)
-    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=-1)
-    return {tuple(s): float(v) for s, v in zip(seqs.tolist(), probs)}
+    def decode_once(sampler) -> tuple:
+        out = batch.generate_batch(model, [p.clone() for p in prompts], method=method, max_new_tokens=SAMPLED_NEW,
+                                   sampler=sampler, stop_ids=set(), cost_prior=None, options=options,
+                                   build_method=sparsespec.decode.build_method)
+        return tuple(tuple(g.tokens) for g in out)
+    return enumerate_outputs(decode_once)
 
 
 @pytest.mark.parametrize("method,options", [
@@ -251,7 +231,7 @@ def model_distribution(model, prompt) -> dict[tuple, float]:
 def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
     model = build_tiny("llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
     prompts = [random_prompt(16, seed=2, vocab=VOCAB)[0], random_prompt(11, seed=3, vocab=VOCAB)[0]]
-    a, b = (model_distribution(model, p) for p in prompts)
+    a, b = (model_distribution(model, p, new=SAMPLED_NEW) for p in prompts)
     exact = {(x, y): a[x] * b[y] for x in a for y in b}
     dist = joint_distribution(model, prompts, method, **options)
     assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)

@@ -140,20 +140,16 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-@torch.inference_mode()
-def loop_distribution(model, prompt, method, temperature=1.0, top_p=1.0, **options) -> dict[tuple, float]:
-    """Exact distribution of the first NEW tokens `method` emits: the loop run once per branch."""
-    resolved = resolve(method, options)
+def enumerate_outputs(decode_once, temperature=1.0, top_p=1.0) -> dict:
+    """Exact output distribution of a decode loop: `decode_once(sampler)` runs the loop once with an
+    EnumeratingSampler and returns the output's key; every branch of its random choices is visited,
+    depth first, and each output weighted by its branch's probability."""
     dist, path = {}, []
     with one_thread():
         while True:
             sampler = EnumeratingSampler(path, temperature=temperature, top_p=top_p)
-            controller = resolved.make_controller()
-            drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=NEW,
-                                      max_k=controller.max_k, options=resolved.drafter_options)
-            with sparsespec_attention(model):
-                gen = decode(model, prompt.view(-1), drafter, controller, sampler, NEW, set())
-            dist[tuple(gen.tokens)] = dist.get(tuple(gen.tokens), 0.0) + sampler.weight
+            key = decode_once(sampler)
+            dist[key] = dist.get(key, 0.0) + sampler.weight
             while path and path[-1] + 1 >= sampler.options[len(path) - 1]:   # next branch, depth first
                 path.pop()
             if not path:
@@ -162,13 +158,27 @@ def loop_distribution(model, prompt, method, temperature=1.0, top_p=1.0, **optio
 
 
 @torch.inference_mode()
-def model_distribution(model, prompt, temperature=1.0, top_p=1.0) -> dict[tuple, float]:
-    """P(x_1..x_NEW) = prod_t p(x_t | prompt, x_<t), every sequence in one batched forward."""
-    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW)))          # (V^NEW, NEW)
+def loop_distribution(model, prompt, method, temperature=1.0, top_p=1.0, **options) -> dict[tuple, float]:
+    """Exact distribution of the first NEW tokens `method` emits: the loop run once per branch."""
+    resolved = resolve(method, options)
+
+    def decode_once(sampler: EnumeratingSampler) -> tuple:
+        controller = resolved.make_controller()
+        drafter = METHODS[method](model, prompt_len=prompt.numel(), max_new_tokens=NEW,
+                                  max_k=controller.max_k, options=resolved.drafter_options)
+        with sparsespec_attention(model):
+            return tuple(decode(model, prompt.view(-1), drafter, controller, sampler, NEW, set()).tokens)
+    return enumerate_outputs(decode_once, temperature, top_p)
+
+
+@torch.inference_mode()
+def model_distribution(model, prompt, temperature=1.0, top_p=1.0, new=NEW) -> dict[tuple, float]:
+    """P(x_1..x_new) = prod_t p(x_t | prompt, x_<t), every sequence in one batched forward."""
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=new)))          # (V^new, new)
     ids = torch.cat([prompt.view(1, -1).expand(len(seqs), -1), seqs], dim=1)
     n = prompt.numel()
-    p = Sampler(temperature=temperature, top_p=top_p).probs(model(ids).logits[:, n - 1:n + NEW - 1]).double()
-    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=-1)              # (V^NEW,)
+    p = Sampler(temperature=temperature, top_p=top_p).probs(model(ids).logits[:, n - 1:n + new - 1]).double()
+    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=-1)              # (V^new,)
     return {tuple(s): float(v) for s, v in zip(seqs.tolist(), probs)}
 
 
