@@ -14,7 +14,7 @@ declare -A CHUNK=(
   [smollm2_8k]="model=smollm2_135m ctx=8k"
   [qwen_8k]="model=qwen2.5_coder_0.5b ctx=8k"
   [qwen_16k]="model=qwen2.5_coder_0.5b ctx=16k"
-  # 32K: the reduced method set (one 32K prefill is ~8 min a prompt here), with every fixed k: k=4
+  # 32K: the reduced method set (a 32K prefill is the chunk's largest cost), with every fixed k: k=4
   # is the same-budget comparison with streaming/SnapKV, and the best fixed k at 16K was 4, 8 or 16 by task
   [qwen_32k]='model=qwen2.5_coder_0.5b ctx=32k bench.methods=[sparsespec,"sparsespec_fixed:k=4","sparsespec_fixed:k=8","sparsespec_fixed:k=16",streaming,snapkv_static]'
 )
