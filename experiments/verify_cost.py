@@ -7,7 +7,7 @@ Three measurements, timing only (random token ids; the values never change the w
    q - 1 drafts), computed four ways: nn.Linear (x @ W^T), the weight stored column-major,
    W @ x^T, and fused Q|K|V and gate|up projections;
 2. the attention alone, every layer's q queries over `ctx` keys the way verification computes it
-   (explicit packed-GQA softmax(QK^T)V), summed over the layers;
+   (explicit packed-GQA softmax(QK^T)V) and two SDPA variants, summed over the layers;
 3. one forward of q tokens over a `ctx`-token cache, the way the decode loop verifies (explicit
    packed-GQA attention), with and without recording the attention each position received
    (SparseSpec-L's recycled scores), as a multiple of one AR step at the same context.
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -75,7 +76,11 @@ def linear_layouts(model, rows: list[int], repeats: int) -> list[dict]:
 
 
 def attention_alone(model, ctx: int, rows: list[int], repeats: int) -> list[dict]:
-    """ms of every layer's explicit attention for q queries over ctx keys (random values)."""
+    """ms of every layer's attention for q queries over ctx keys (random values), three ways: the explicit
+    packed-GQA softmax(QK^T)V verification uses (it yields the probabilities SparseSpec-L records);
+    torch's SDPA with the causal-block mask; and SDPA over the cached prefix alone, unmasked (the fused
+    CPU kernel; what a verification would pay for the prefix if the q new tokens' own block were merged
+    in separately). Whether the last two stay flat in q is what a cheaper verification hinges on."""
     config = model.config.get_text_config()
     layers, heads, kv_heads = config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -86,9 +91,19 @@ def attention_alone(model, ctx: int, rows: list[int], repeats: int) -> list[dict
         k, v = key[:, :, :ctx + q], value[:, :, :ctx + q]
         visible = visible_keys(None, q, ctx + q, query.device)
 
+        block = torch.ones(q, ctx + q, dtype=torch.bool).tril(ctx)                   # query i sees keys <= ctx + i
+
         def attend():
             apply_probs(grouped_attention_probs(query, k, visible, dim ** -0.5), v, query.dtype)
-        out.append({"ctx": ctx, "rows": q, "attention_ms_all_layers": layers * median_ms(attend, repeats)})
+
+        def sdpa_masked():
+            F.scaled_dot_product_attention(query, k, v, attn_mask=block, enable_gqa=True)
+
+        def sdpa_prefix():
+            F.scaled_dot_product_attention(query, key[:, :, :ctx], value[:, :, :ctx], enable_gqa=True)
+        out.append({"ctx": ctx, "rows": q, "attention_ms_all_layers": layers * median_ms(attend, repeats),
+                    "sdpa_masked_ms_all_layers": layers * median_ms(sdpa_masked, repeats),
+                    "sdpa_prefix_ms_all_layers": layers * median_ms(sdpa_prefix, repeats)})
     return out
 
 
