@@ -14,7 +14,9 @@ The same rounds seed the controller's acceptance model, so a prompt does not ope
     rate   = accepted drafts / judged drafts (accepted + first rejected)
     bins   = judged and accepted drafts per entropy bin (the default "binned" acceptance model)
 
-The profile's generation also serves as the run's warm-up.
+The harness measures it from the shared prefill of the first prompt (or batch) a run decodes: `profile_decoder`
+gives the method, options and length to prefill beside the run's methods, and `measure_cost_profile(...,
+prefilled=...)` decodes from it, so the profile costs no prefill of its own.
 
 A batch's controller chooses one k for the batch from the batch's costs, so its profile is measured
 on a batch (`input_ids` a list of prompts): the same cycle, every sequence drafting the same k, each
@@ -35,19 +37,31 @@ from .methods import METHODS
 DEFAULT_KS = CycleK.Options().ks
 
 
-def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
-                         **options) -> CostProfile:
-    """Draft k = each of `ks` in turn, `repeats` times, on `input_ids` (one prompt, or a list of
-    prompts decoded as one batch); the median costs per k. `options` are the method's; controller
-    options among them are ignored (the cycle replaces them)."""
+def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2) -> tuple[str, dict, int]:
+    """(method, options, max_new_tokens) of a profile's generation: `method` with its drafter options
+    (controller options dropped), the cycle controller over `ks`, one round per k per repeat, then one
+    token. Prefill it beside the methods (`prefill(..., lengths=...)`) to profile on their prefill."""
     if method not in METHODS or not METHODS[method].drafts:
         raise ConfigError(f"a cost profile needs a drafting method; got {method!r}")
-    if not isinstance(repeats, int) or repeats < 1:
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
     drafter_options = {k: v for k, v in options.items() if k in METHODS[method].Options.names()}
-    new_tokens = repeats * sum(k + 1 for k in ks) + 1          # one round per k per repeat, then one token
-    gen = generate(model, input_ids, method=method, controller="cycle", ks=tuple(ks), max_new_tokens=new_tokens,
-                   stop_at_eos=False, **drafter_options)
+    return method, {**drafter_options, "controller": "cycle", "ks": tuple(ks)}, repeats * sum(k + 1 for k in ks) + 1
+
+
+def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
+                         prefilled=None, **options) -> CostProfile:
+    """Draft k = each of `ks` in turn, `repeats` times, on `input_ids` (one prompt, or a list of
+    prompts decoded as one batch); the median costs per k. `options` are the method's; controller
+    options among them are ignored (the cycle replaces them). `prefilled`: the profile's start (one
+    `Prefilled`, or one per prompt of a batch) from a prefill shared with the run's methods, made with
+    `profile_decoder`'s method, options and length; then no prefill of its own is run."""
+    if prefilled is None:
+        method, profile_options, new_tokens = profile_decoder(method, options, ks, repeats)
+        gen = generate(model, input_ids, method=method, max_new_tokens=new_tokens, stop_at_eos=False,
+                       **profile_options)
+    else:
+        gen = generate(model, input_ids, prefilled=prefilled, stop_at_eos=False)
     rounds = [r for g in gen for r in g.rounds] if isinstance(gen, list) else gen.rounds
     return profile_of(rounds)
 

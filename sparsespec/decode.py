@@ -82,18 +82,21 @@ def prompt_of(model, input_ids) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_tokens: int = 128) -> dict[str, Prefilled]:
+def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_tokens: int = 128,
+            lengths: dict[str, int] | None = None) -> dict[str, Prefilled]:
     """Prefill `input_ids` once for every method in `methods` (label -> (method, options)): one
     forward, every drafter observing it (sparsespec/shared_prefill.py). Returns label -> `Prefilled`, which
-    `generate(model, input_ids, prefilled=...)` decodes from, once per label, in its own cache copy."""
+    `generate(model, input_ids, prefilled=...)` decodes from, once per label, in its own cache copy.
+    `lengths`: label -> max_new_tokens for the labels that decode another length (a cost profile)."""
     prompt = prompt_of(model, input_ids)
-    built = {label: build_method(model, prompt.numel(), method, max_new_tokens, dict(options))
+    lengths = {label: (lengths or {}).get(label, max_new_tokens) for label in methods}
+    built = {label: build_method(model, prompt.numel(), method, lengths[label], dict(options))
              for label, (method, options) in methods.items()}
     observers = [o for drafter, _, _ in built.values() for o in drafter.prefill_observers()]
     with sparsespec_attention(model):
         shared = run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
     return {label: Prefilled(shared=shared, method=methods[label][0], options=options, drafter=drafter,
-                             controller=controller, max_new_tokens=max_new_tokens)
+                             controller=controller, max_new_tokens=lengths[label])
             for label, (drafter, controller, options) in built.items()}
 
 

@@ -52,9 +52,9 @@ def bench(monkeypatch, tiny_llama):
     calls = []
     decode_prompt = runner.decode_prompt
 
-    def recording(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors=None):
+    def recording(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors=None, profiles=None):
         calls.append((len(input_ids), seed, list(decoders)))
-        return decode_prompt(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors)
+        return decode_prompt(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors, profiles)
     monkeypatch.setattr(runner, "decode_prompt", recording)
 
     def run(folder: Path, *overrides: str) -> dict:
@@ -101,6 +101,26 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     prior = read(tmp_path / "cell" / "sparsespec-budget=0.5")[0]["run"]["cost_prior"]
     assert prior["draft_step_s"] > 0 and {"1", "2", "4"} <= set(prior["verify_s"])
     assert fixed["run"]["cost_prior"] is None
+
+
+def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, tmp_path, monkeypatch):
+    """One prefill a prompt, the profile included: it used to prefill the first prompt a second time
+    (9 min a task at 32K on Qwen here)."""
+    import sparsespec.decode
+    run, _ = bench
+    prefills = []
+    run_prefill = sparsespec.decode.run_prefill
+
+    def counting(model, prompt, *args, **kwargs):
+        prefills.append(prompt.numel())
+        return run_prefill(model, prompt, *args, **kwargs)
+    monkeypatch.setattr(sparsespec.decode, "run_prefill", counting)
+    summaries = run(tmp_path / "cell", "bench.methods=['sparsespec:budget=0.5','sparsespec_fixed:k=4']")
+    assert prefills == [300, 300]                                        # tiny_prompts(2): one each
+    prior = summaries["sparsespec:budget=0.5"]["run"]["cost_prior"]
+    assert prior["draft_step_s"] > 0 and {"1", "2", "4", "8", "12", "16"} <= set(prior["verify_s"])
+    assert summaries["sparsespec_fixed:k=4"]["run"]["cost_prior"] is None
+    assert summaries["sparsespec:budget=0.5"]["metrics"]["outputs_match_ar"] == 1.0
 
 
 @pytest.mark.slow   # three whole benchmark runs (~14 s)

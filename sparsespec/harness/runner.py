@@ -227,20 +227,61 @@ def load_inputs(cfg: DictConfig, device: str):
 # decoding one prompt
 
 
-def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
-                  max_new_tokens: int, cost_priors: dict | None = None) -> dict:
-    """label -> Generation for every decoder (label -> (method, options)), back to back in the
-    given order, all of sparsespec's methods from one shared prefill of the prompt."""
+PROFILE = "cost profile of "       # the label of a run's cost profile inside a shared prefill
+
+
+def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: dict) -> dict[str, tuple[str, dict, int]]:
+    """profile label -> (method, options, max_new_tokens) of the cost profiles still to measure
+    (sparsespec/calibration.py): one per run in `todo` whose controller reads costs (the entropy
+    controller) and has no prior yet. Each is measured on the prefill of the prompt (or batch) about to be
+    decoded, before its methods decode, so it costs no prefill of its own."""
+    if not cfg.cost_profile:
+        return {}
+    from sparsespec.calibration import profile_decoder
+    return {PROFILE + run.entry: profile_decoder(run.method, run.options) for run in todo
+            if run.entry not in cost_priors and not hf_reference.is_reference(run.method)
+            and resolved_options(run.method, run.options).get("controller") == "entropy"}
+
+
+def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: dict) -> None:
+    """Measure every profile of `profiles` from its start in `starts` (one prompt's prefill: label ->
+    Prefilled; a batch's: a list of them) and put it in `cost_priors` under its run's entry."""
+    from sparsespec.calibration import measure_cost_profile
+
+    for label in profiles:
+        start = time.perf_counter()
+        prefilled = starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
+        cost_priors[label.removeprefix(PROFILE)] = measure_cost_profile(model, inputs, prefilled=prefilled)
+        log.info("%s (from the shared prefill; not recorded as a sample): %.1f s", label, time.perf_counter() - start)
+
+
+def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
+    """One prefill of `prompt` for the engine's decoders and the cost profiles (each at its own length)."""
     import sparsespec
 
+    methods = {**engine, **{label: (method, options) for label, (method, options, _) in profiles.items()}}
+    return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
+                              lengths={label: length for label, (_, _, length) in profiles.items()})
+
+
+def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
+                  max_new_tokens: int, cost_priors: dict | None = None, profiles: dict | None = None) -> dict:
+    """label -> Generation for every decoder (label -> (method, options)), back to back in the
+    given order, all of sparsespec's methods from one shared prefill of the prompt. `profiles`
+    (`profiles_to_measure`) are measured first, from the same prefill, into `cost_priors`."""
+    import sparsespec
+
+    cost_priors = {} if cost_priors is None else cost_priors
+    profiles = profiles or {}
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
-    starts = sparsespec.prefill(model, input_ids, methods=engine, max_new_tokens=max_new_tokens) if engine else {}
+    starts = shared_prefill(model, input_ids, engine, profiles, max_new_tokens) if engine or profiles else {}
+    measure_profiles(model, input_ids, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
     gens = {}
     for label, (method, options) in decoders.items():
         if label in starts:
             gens[label] = sparsespec.generate(model, input_ids, prefilled=starts.pop(label),
-                                              cost_prior=(cost_priors or {}).get(label), **common)
+                                              cost_prior=cost_priors.get(label), **common)
         else:
             gens[label] = hf_reference.hf_generate(model, input_ids, method=method, max_new_tokens=max_new_tokens,
                                                    **common, **options)
@@ -248,16 +289,19 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
 
 
 def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
-                 max_new_tokens: int, cost_priors: dict | None = None) -> dict:
+                 max_new_tokens: int, cost_priors: dict | None = None, profiles: dict | None = None) -> dict:
     """label -> BatchGenerations (one Generation per prompt of `inputs`) for every decoder, back to
     back, each decoding the whole batch together (sparsespec/batch.py), all from one shared prefill
-    of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N)."""
+    of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N). `profiles` are
+    measured first, on the batch, from the same prefills: a batch's controller weighs a batch's costs."""
     import sparsespec
 
+    cost_priors = {} if cost_priors is None else cost_priors
+    profiles = profiles or {}
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
-    starts = [sparsespec.prefill(model, p, methods=decoders, max_new_tokens=max_new_tokens) for p in prompts]
+    starts = [shared_prefill(model, p, decoders, profiles, max_new_tokens) for p in prompts]
+    measure_profiles(model, prompts, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
-    cost_priors = cost_priors or {}
     return {label: sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
                                        cost_prior=cost_priors.get(label), **common)
             for label in decoders}
@@ -326,32 +370,8 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
              time.perf_counter() - start)
 
 
-def measure_cost_priors(model, inputs, runs: list[MethodRun]) -> dict:
-    """entry -> CostProfile of every run whose controller reads costs (the entropy controller),
-    measured before anything is timed (sparsespec/calibration.py) on `inputs`: the first pending
-    prompt's ids, or a batch's prompts (a batch's controller weighs the batch's costs)."""
-    from sparsespec.calibration import measure_cost_profile
-
-    priors = {}
-    for run in runs:
-        if hf_reference.is_reference(run.method) or resolved_options(run.method, run.options).get("controller") != "entropy":
-            continue
-        start = time.perf_counter()
-        priors[run.entry] = measure_cost_profile(model, inputs, method=run.method, **run.options)
-        log.info("cost profile of %s (not recorded as a sample): %.1f s", run.entry, time.perf_counter() - start)
-    return priors
-
-
 # --------------------------------------------------------------------------------------------
 # the run
-
-
-def profile_inputs(pending: list, size: int):
-    """What the cost profile decodes: the first pending prompt, or at batch size B the first B
-    pending prompts as one batch (repeated when fewer are pending), so C_v(k) is a B-row verification."""
-    if size == 1:
-        return pending[0].input_ids
-    return [torch.as_tensor(pending[i % len(pending)].input_ids).view(-1) for i in range(size)]
 
 
 def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
@@ -362,7 +382,7 @@ def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfi
         todo = [r for r in runs if not r.done(prompt)]
         if todo:
             gens = decode_prompt(model, prompt.input_ids, decoders_for(todo, cfg), cfg, cfg.seed + index,
-                                 cfg.max_new_tokens, cost_priors)
+                                 cfg.max_new_tokens, cost_priors, profiles_to_measure(todo, cfg, cost_priors))
             ref = reference_of(gens, todo)
             for method_run in todo:
                 sample = sample_of(method_run, prompt, gens[method_run.entry], ref, model, tokenizer)
@@ -385,7 +405,8 @@ def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfi
         if not todo:
             continue
         gens = decode_batch(model, [prompts[i].input_ids for i in rows], decoders_for(todo, cfg), cfg,
-                            cfg.seed + rows[0], cfg.max_new_tokens, cost_priors)
+                            cfg.seed + rows[0], cfg.max_new_tokens, cost_priors,
+                            profiles_to_measure(todo, cfg, cost_priors))
         ref = reference_of(gens, todo)
         for row, index in enumerate(rows):
             for method_run in todo:
@@ -477,8 +498,7 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
                                               group=cfg.experiment_name or group, several=len(runs) > 1)
         if pending and cfg.warmup:
             warm_up(model, pending[0], runs, cfg)
-        cost_priors = measure_cost_priors(model, profile_inputs(pending, batch_size(cfg)), runs) \
-            if pending and cfg.cost_profile else {}
+        cost_priors = {}          # entry -> CostProfile, measured on the first prefill each run decodes from
         if batch_size(cfg) > 1:
             run_batches(model, tokenizer, prompts, runs, cfg, cost_priors)
         else:
