@@ -5,7 +5,8 @@ Two sources give the same columns (see docs/CONTRACTS.md for the files):
   `multirun/<date>/<time>/<job>/`), found by their `samples.jsonl`;
 - W&B runs, `wandb.Api().runs(path, filters={"group": ...})`, mapped by `rows_from_wandb_run`.
 
-Only the `run` column (where a row came from) differs between the two sources.
+Only where a row came from differs between the two sources: the `run` column, and `job` for a run
+that is a job of its own (its label).
 """
 from __future__ import annotations
 

@@ -286,7 +286,7 @@ class FakeApi:
 
 
 def _without_origin(df: pd.DataFrame) -> pd.DataFrame:
-    return df.drop(columns=["run", "experiment"]).sort_values(["method", "ctx", "k", "budget", "prompt_id"]) \
+    return df.drop(columns=["run", "job", "experiment"]).sort_values(["method", "ctx", "k", "budget", "prompt_id"]) \
         .reset_index(drop=True)
 
 

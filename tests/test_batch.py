@@ -319,10 +319,15 @@ def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     from analysis import batch as batch_analysis
     from analysis.load import load_results
     run, _, _ = harness_run
-    assert batch_analysis.main([str(tmp_path / "none")]) == 2           # one line, no traceback
+    with pytest.raises(SystemExit) as missing:                         # one line, no traceback
+        batch_analysis.main([str(tmp_path / "none"), "--doc", "none"])
+    assert missing.value.code == 2
     methods = "bench.methods=['sparsespec_fixed:k=3,budget=0.3']"
     for size in (1, 2):
         run(tmp_path / "sweep" / f"b{size}", f"batch_size={size}", "num_prompts=4", methods)
+    with pytest.raises(SystemExit) as typo:                            # checked before anything is written
+        batch_analysis.main([str(tmp_path / "sweep"), "--doc", str(tmp_path / "typo.md")])
+    assert typo.value.code == 2 and not (tmp_path / "sweep" / "batch.md").exists()
     doc = tmp_path / "benchmark.md"
     doc.write_text(f"before\n{batch_analysis.MARK_BEGIN}\nold\n{batch_analysis.MARK_END}\nafter\n")
     assert batch_analysis.main([str(tmp_path / "sweep"), "--doc", str(doc)]) == 0
