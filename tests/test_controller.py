@@ -73,21 +73,26 @@ def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
     return len(seen), ctl.submit_count(len(seen))
 
 
-def random_controller(rng: random.Random, lookahead: str) -> tuple[EntropyController, list[int]]:
-    """A controller past warm-up with random candidates, entropy centres and costs."""
+def random_controller(rng: random.Random, lookahead: str, fit: str = "line") -> tuple[EntropyController, list[int]]:
+    """A controller past warm-up with random candidates, entropy centres and costs (for the hull,
+    measured at several k, convex or not)."""
     candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
-    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead)
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead, verify_cost_fit=fit)
     ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
     ctl.c_draft = rng.uniform(0.005, 0.5)
-    ctl.c_verify.add(2, rng.uniform(0.1, 1.0))
-    ctl.c_verify.add(8, ctl.c_verify(2) + rng.uniform(0, 0.5))
+    seconds = rng.uniform(0.1, 1.0)
+    for k in ((2, 8) if fit == "line" else sorted(rng.sample(range(1, 17), rng.randint(2, 6)))):
+        ctl.c_verify.add(k, seconds)
+        seconds += rng.uniform(0, 0.5)
     return ctl, candidates
 
 
+@pytest.mark.parametrize("fit", ["line", "hull"])
 @pytest.mark.parametrize("seed", range(40))
-def test_online_rule_chooses_the_closed_form_k(seed):
+def test_online_rule_chooses_the_closed_form_k(seed, fit):
+    """Exact for an affine C_v (R is unimodal) and for the hull's convex one (concave over convex)."""
     rng = random.Random(seed)
-    ctl, candidates = random_controller(rng, "exact")
+    ctl, candidates = random_controller(rng, "exact", fit)
     entropies = [rng.uniform(0, 4) for _ in range(16)]
     probs = [ctl.acceptance(h) for h in entropies]
     closed = choose_k(probs, candidates, ctl.c_draft, ctl.c_verify)
@@ -188,6 +193,45 @@ def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification(
     assert fine.line() == pytest.approx((0.09, 0.01))
 
 
+def test_the_hull_fit_is_exact_where_a_line_through_convex_costs_makes_small_k_too_cheap():
+    """SmolLM2 8K, B = 8: verification costs rise faster than linearly in k, the line through
+    k = 1..16 predicted C_v(1) well under its measured value, and the controller sat at k = 1."""
+    from sparsespec.controller import HullCostModel, LinearCostModel
+    measured = {1: 0.44, 2: 0.50, 4: 0.63, 8: 0.95, 12: 1.35, 16: 1.90}          # convex in k
+    line, hull = LinearCostModel(), HullCostModel()
+    for k, seconds in measured.items():
+        line.add(k, seconds)
+        hull.add(k, seconds)
+    assert line(1) < 0.9 * measured[1]
+    assert all(hull(k) == pytest.approx(v) for k, v in measured.items())
+    values = [hull(k) for k in range(1, 21)]
+    assert all(b >= a for a, b in zip(values, values[1:]))                          # non-decreasing
+    assert all(values[i - 1] + values[i + 1] >= 2 * values[i] - 1e-12 for i in range(1, 19))   # convex
+    assert hull(20) == pytest.approx(1.90 + 4 * (1.90 - 1.35) / 4)                  # last slope beyond
+    ctl_line = EntropyController(warmup_rounds=0)
+    ctl_hull = EntropyController(warmup_rounds=0, verify_cost_fit="hull")
+    probs = [0.9] * 16
+    k_line = choose_k(probs, range(1, 17), 0.045, line)
+    k_hull = choose_k(probs, range(1, 17), 0.045, hull)
+    assert k_line != k_hull                         # the fit changes the choice on these costs
+    assert isinstance(ctl_hull.c_verify, HullCostModel) and type(ctl_line.c_verify) is LinearCostModel
+
+
+def test_the_hull_drops_a_point_above_it_and_stays_flat_left_of_the_first():
+    from sparsespec.controller import HullCostModel
+    hull = HullCostModel()
+    for k, seconds in {2: 0.40, 3: 0.60, 5: 0.65, 6: 0.30 + 0.65}.items():   # k=3 lies above the chord 2-5
+        hull.add(k, seconds)
+    assert hull(3) == pytest.approx(0.40 + 0.25 / 3)
+    assert hull(1) == pytest.approx(0.40) and hull(2) == pytest.approx(0.40)
+    dipping = HullCostModel()
+    dipping.add(1, 0.5)
+    dipping.add(2, 0.3)                                 # noise: cheaper at 2 than at 1
+    dipping.add(4, 0.6)
+    assert [dipping(k) for k in (1, 2, 3)] == pytest.approx([0.5, 0.5, 0.5])   # never below C_v at the first k
+    assert dipping(4) == pytest.approx(0.6)
+
+
 def test_a_batch_cost_profile_times_batched_rounds_and_pools_their_acceptance():
     model = build_tiny("llama")
     prompts = [random_prompt(120, seed=1)[0], random_prompt(150, seed=2)[0]]
@@ -203,8 +247,9 @@ def test_a_batch_cost_profile_times_batched_rounds_and_pools_their_acceptance():
     assert any(r.accept_probs for r in gens[0].rounds[:2]), "with a prior the rule decides from the first rounds"
 
 
+@pytest.mark.parametrize("fit", ["line", "hull"])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
-def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch):
+def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch, fit):
     model = build_tiny(arch)
     prompt = random_prompt(200)
     profile = measure_cost_profile(model, prompt, method="sparsespec", ks=(1, 2, 4), repeats=2,
@@ -213,7 +258,7 @@ def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch):
     assert all(s > 0 for s in profile.verify_s.values())
     ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=40, stop_at_eos=False)
     gen = sparsespec.generate(model, prompt, method="sparsespec", recent=16, budget=60, max_new_tokens=40,
-                              stop_at_eos=False, cost_prior=profile)
+                              stop_at_eos=False, cost_prior=profile, verify_cost_fit=fit)
     assert gen.tokens == ar.tokens
     assert any(r.accept_probs for r in gen.rounds[:2]), "with a prior the rule decides from the first rounds"
 
