@@ -10,7 +10,10 @@ Three measurements, timing only (random token ids; the values never change the w
    (explicit packed-GQA softmax(QK^T)V) and two SDPA variants, summed over the layers;
 3. one forward of q tokens over a `ctx`-token cache, the way the decode loop verifies (explicit
    packed-GQA attention), with and without recording the attention each position received
-   (SparseSpec-L's recycled scores), as a multiple of one AR step at the same context.
+   (SparseSpec-L's recycled scores), as a multiple of one AR step at the same context;
+4. where that forward's time goes (torch.profiler, self CPU time per forward): the Linear layers'
+   matrix products, the attention's, and everything else. Unlike 1. and 2., which repeat one layer's
+   operands (so they stay in cache), this reads every layer's weights and KV once, as decoding does.
 
 Prints one table and, with --out, writes verify_cost.json and verify_cost.md there.
 """
@@ -107,8 +110,24 @@ def attention_alone(model, ctx: int, rows: list[int], repeats: int) -> list[dict
     return out
 
 
-def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> list[dict]:
-    """ms of one forward of q tokens over a ctx-token cache, without and with recording."""
+OP_GROUPS = {"aten::mm": "linear", "aten::addmm": "linear", "aten::bmm": "attention_matmul"}
+
+
+def time_by_op_group(forward, repeats: int) -> dict[str, float]:
+    """Self CPU ms per forward, summed by OP_GROUPS (the rest is "other"), under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            forward()
+    ms = {"linear": 0.0, "attention_matmul": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        ms[OP_GROUPS.get(event.key, "other")] += event.self_cpu_time_total / 1e3 / repeats
+    return ms
+
+
+def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> tuple[list[dict], list[dict]]:
+    """ms of one forward of q tokens over a ctx-token cache, without and with recording; and the
+    plain forward's ms by op group."""
     vocab = model.get_input_embeddings().num_embeddings
     prompt = torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(0))
     with sparsespec_attention(model), torch.inference_mode():
@@ -123,8 +142,11 @@ def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> lis
             cache.truncate(ctx)
 
         recorded = {}
-        out = []
+        out, split = [], []
         for q in rows:
+            split.append({"ctx": ctx, "rows": q, **{f"{group}_ms": ms for group, ms in
+                                                     time_by_op_group(lambda: forward(q, ExplicitAttentionHook()),
+                                                                      repeats).items()}})
             plain = median_ms(lambda: forward(q, ExplicitAttentionHook()), repeats)
             recording = median_ms(lambda: forward(q, ExplicitAttentionHook(
                 lambda layer, probs: recorded.__setitem__(layer, attention_received(probs)))), repeats)
@@ -133,7 +155,7 @@ def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> lis
     for r in out:
         r["plain_in_ar_steps"] = r["plain_ms"] / ar
         r["recording_in_ar_steps"] = r["recording_ms"] / ar
-    return out
+    return out, split
 
 
 def row_counts(text: str) -> list[int]:
@@ -159,17 +181,20 @@ def main() -> None:
     model, _ = load_model({"name": args.model, "embedded": args.model}, device="cpu")
     linears = linear_layouts(model, rows, args.repeats * 4)
     attention = attention_alone(model, args.ctx, rows, args.repeats * 2)
-    forwards = verification_forwards(model, args.ctx, rows, args.repeats)
+    forwards, split = verification_forwards(model, args.ctx, rows, args.repeats)
     text = (f"model {args.model}, {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads\n\n"
             f"Linear layers of one decoder layer (ms):\n\n{markdown_table(linears)}\n\n"
             f"Attention alone, every layer (ms):\n\n{markdown_table(attention)}\n\n"
-            f"One forward over {args.ctx} cached tokens (ms; in AR steps = / the 1-row forward):\n\n{markdown_table(forwards)}\n")
+            f"One forward over {args.ctx} cached tokens (ms; in AR steps = / the 1-row forward):\n\n{markdown_table(forwards)}\n\n"
+            f"Where one plain forward's time goes (self CPU ms a forward, torch.profiler; linear: aten::mm/addmm, "
+            f"attention_matmul: aten::bmm):\n\n{markdown_table(split)}\n")
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "verify_cost.json").write_text(json.dumps({"model": args.model, "ctx": args.ctx,
                                                                "linears": linears, "attention": attention,
-                                                               "forwards": forwards}, indent=1))
+                                                               "forwards": forwards, "forward_split": split},
+                                                              indent=1))
         (args.out / "verify_cost.md").write_text(text)
 
 
