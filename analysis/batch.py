@@ -111,13 +111,15 @@ def cost_split(runs: pd.DataFrame) -> pd.DataFrame:
 def scaling_figure(runs: pd.DataFrame):
     """Speed-up over batched AR (mean, 95% interval) against batch size: one panel per setting."""
     settings = list(runs.groupby(SETTING, sort=True))
+    methods = sorted(set(runs["method"]) - {"ar"})
+    colour = {method: f"C{i % 10}" for i, method in enumerate(methods)}     # one colour a method in every panel
     fig, axes = new_figure(ncols=max(1, len(settings)), width=5.0)
     for ax, (key, group) in zip(axes, settings):
         for method, line in group[group["method"] != "ar"].groupby("method", sort=True):
             line = line.sort_values("B")
             err = np.vstack([line["speedup"] - line["speedup_low"], line["speedup_high"] - line["speedup"]])
             ax.errorbar(line["B"], line["speedup"], yerr=np.nan_to_num(err), marker="o", capsize=3, label=method,
-                        linewidth=2.6 if method == "sparsespec" else 1.4)
+                        color=colour[method], linewidth=2.6 if method == "sparsespec" else 1.4)
         ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="batched ar")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(group["B"].unique()))
