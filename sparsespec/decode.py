@@ -27,7 +27,7 @@ from .method_options import resolve
 from .methods import METHODS
 from .methods.base import DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
-from .shared_prefill import Prefilled, run_prefill
+from .shared_prefill import PrefillMemo, Prefilled, run_prefill
 from .timing import RoundTimers, Stopwatch
 
 
@@ -83,18 +83,24 @@ def prompt_of(model, input_ids) -> torch.Tensor:
 
 @torch.inference_mode()
 def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_tokens: int = 128,
-            lengths: dict[str, int] | None = None) -> dict[str, Prefilled]:
+            lengths: dict[str, int] | None = None, memo: PrefillMemo | None = None) -> dict[str, Prefilled]:
     """Prefill `input_ids` once for every method in `methods` (label -> (method, options)): one
     forward, every drafter observing it (sparsespec/shared_prefill.py). Returns label -> `Prefilled`, which
     `generate(model, input_ids, prefilled=...)` decodes from, once per label, in its own cache copy.
-    `lengths`: label -> max_new_tokens for the labels that decode another length (a cost profile)."""
+    `lengths`: label -> max_new_tokens for the labels that decode another length (a cost profile).
+    `memo`: a `PrefillMemo` that may hold this prompt's prefill from an earlier call (then no forward
+    runs; the drafters observe the kept one) and keeps it for later ones."""
     prompt = prompt_of(model, input_ids)
     lengths = {label: (lengths or {}).get(label, max_new_tokens) for label in methods}
     built = {label: build_method(model, prompt.numel(), method, lengths[label], dict(options))
              for label, (method, options) in methods.items()}
     observers = [o for drafter, _, _ in built.values() for o in drafter.prefill_observers()]
+    rows = [drafter.prefill_query_rows() for drafter, _, _ in built.values()]
     with sparsespec_attention(model):
-        shared = run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
+        if memo is None:
+            shared = run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
+        else:
+            shared = memo.prefill(model, prompt, observers, None if None in rows else max(rows, default=0))
     return {label: Prefilled(shared=shared, method=methods[label][0], options=options, drafter=drafter,
                              controller=controller, max_new_tokens=lengths[label])
             for label, (drafter, controller, options) in built.items()}

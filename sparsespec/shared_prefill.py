@@ -13,9 +13,20 @@ key, visible mask, scaling). What the forward leaves, `SharedPrefill`:
 
 `sparsespec.decode.prefill` builds the methods and runs this; `generate(..., prefilled=...)`
 decodes from it.
+
+A `PrefillMemo` keeps prefills past one call, so that runs in one process that decode the same
+prompts (the jobs of a batch-size sweep) prefill each prompt once. What it keeps is the forward's
+results and what the observers read of it: per layer, the last queries (every observer reads an
+observation window of them, declared by its drafter's `prefill_query_rows()`) and their mask rows;
+the keys are the cache's. A later prefill of the prompt replays the observers on those, without a
+forward, and reports the kept forward's time.
 """
 from __future__ import annotations
 
+import hashlib
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +42,7 @@ class SharedPrefill:
     logits: torch.Tensor              # (V,) the target's next-token logits after the prompt
     seconds: float                    # wall time of the one forward (synchronised on GPU)
     exclusive: bool = False           # one consumer: it decodes in `cache` itself, no copy
+    reused: bool = False              # served by a `PrefillMemo`: `seconds` is the kept forward's time
 
     def cache_for(self, capacity: int) -> PreallocatedCache:
         """The cache a method decodes in: a copy of the prompt's prefix with room for `capacity`
@@ -72,3 +84,118 @@ def run_prefill(model, prompt: torch.Tensor, observers: list, capacity: int, exc
                     attn_hook=ObservedPrefillHook(observers) if observers else None, logits_to_keep=1)
         logits = out.logits[0, -1]
     return SharedPrefill(prompt=prompt, cache=cache, logits=logits, seconds=watch.seconds, exclusive=exclusive)
+
+
+# --- prefills kept across runs ----------------------------------------------------------------
+
+class QueryTailRecorder:
+    """A prefill observer that keeps, per layer, what observers read: the last `rows` queries
+    (B, H, rows, D), their visible rows (B|1, 1, rows, N) or None (plain causal), and the scaling."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.layers: dict[int, tuple] = {}
+
+    def __call__(self, layer, query, key, visible, scaling) -> None:
+        tail = query[:, :, -self.rows:].clone()
+        self.layers[layer] = (tail, None if visible is None else visible[:, :, -self.rows:].clone(), scaling)
+
+
+@dataclass
+class KeptPrefill:
+    shared: SharedPrefill
+    query_tail: QueryTailRecorder
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.shared.logits] + [t for layer in self.shared.cache.layers if layer.is_initialized
+                                          for t in (layer.keys, layer.values)]
+        tensors += [t for q, v, _ in self.query_tail.layers.values() for t in (q, v) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def replay(self, observers: list) -> None:
+        """Each observer sees every layer as in the forward, its query and mask cut to the kept rows."""
+        n = self.shared.prompt.numel()
+        for layer, (query, visible, scaling) in sorted(self.query_tail.layers.items()):
+            key = self.shared.cache.layers[layer].keys[:, :, :n]
+            for observe in observers:
+                observe(layer, query, key, visible, scaling)
+
+
+class PrefillMemo:
+    """Prefills kept for later runs in this process, the least recently used dropped first beyond
+    `max_bytes` (0: keeps nothing). A prompt is found again by its ids and the model's identity (its
+    config, name, dtype, device and a strided sample of every weight), so another model never matches;
+    a prefill of another model drops the kept prefills of the previous one. The query-tail recorder
+    adds a copy of `min_rows` query rows per layer to the timed forward, nothing else."""
+
+    def __init__(self, max_bytes: int = 0, min_rows: int = 64):
+        self.max_bytes = max_bytes
+        self.min_rows = min_rows      # query rows kept at least, so later observers with a wider window still fit
+        self.kept: OrderedDict[tuple[str, str], KeptPrefill] = OrderedDict()
+        self.hits = self.misses = 0
+        self._paused = False
+        self._fingerprints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def resize(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._evict(0)
+
+    @contextmanager
+    def paused(self):
+        """Prefills in the block neither use nor fill the memo (a warm-up on a prompt's prefix)."""
+        self._paused, before = True, self._paused
+        try:
+            yield
+        finally:
+            self._paused = before
+
+    @property
+    def nbytes(self) -> int:
+        return sum(kept.nbytes for kept in self.kept.values())
+
+    def model_key(self, model) -> str:
+        """The model's identity, computed once per model object."""
+        if model not in self._fingerprints:
+            digest = hashlib.sha1(model.config.to_json_string(use_diff=False).encode())
+            digest.update(str(getattr(model.config, "_name_or_path", "")).encode())
+            for name, weight in model.named_parameters():
+                flat = weight.detach().reshape(-1)
+                sample = flat[::max(1, flat.numel() // 256)][:256]
+                digest.update(f"{name}|{weight.dtype}|{weight.device}|{tuple(weight.shape)}".encode())
+                digest.update(sample.float().cpu().numpy().tobytes())
+            self._fingerprints[model] = digest.hexdigest()
+        return self._fingerprints[model]
+
+    def key_of(self, model, prompt: torch.Tensor) -> tuple[str, str]:
+        return self.model_key(model), hashlib.sha1(prompt.detach().cpu().numpy().tobytes()).hexdigest()
+
+    def prefill(self, model, prompt: torch.Tensor, observers: list, query_rows: int | None) -> SharedPrefill:
+        """The prompt's shared prefill, kept or run (and kept). `query_rows`: how many of the last
+        queries the observers read (None: all of them, so the prefill is run and not kept)."""
+        if self.max_bytes <= 0 or self._paused or query_rows is None:
+            return run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
+        key = self.key_of(model, prompt)
+        kept = self.kept.get(key)
+        if kept is not None and kept.query_tail.rows >= query_rows:
+            self.kept.move_to_end(key)
+            self.hits += 1
+            kept.replay(observers)
+            s = kept.shared
+            return SharedPrefill(prompt=prompt, cache=s.cache, logits=s.logits, seconds=s.seconds, reused=True)
+        self.misses += 1
+        for other in [k for k in self.kept if k[0] != key[0] or k == key]:     # another model's, or too few rows
+            del self.kept[other]
+        recorder = QueryTailRecorder(max(query_rows, self.min_rows))
+        shared = run_prefill(model, prompt, [*observers, recorder], capacity=prompt.numel(), exclusive=False)
+        kept = KeptPrefill(shared, recorder)
+        size = kept.nbytes
+        if size <= self.max_bytes:
+            self._evict(size)
+            self.kept[key] = kept
+        return shared
+
+    def _evict(self, room: int) -> None:
+        """Drop the least recently used until `room` more bytes fit."""
+        while self.kept and self.nbytes + room > self.max_bytes:
+            self.kept.popitem(last=False)

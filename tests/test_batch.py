@@ -311,6 +311,35 @@ def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_b
     assert summaries["ar"]["run"]["cost_prior"] is None
 
 
+def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(harness_run, tmp_path, monkeypatch):
+    """prefill_memo_gb keeps the prompts' prefills from one run of the process to the next: the B=2
+    run after the B=1 run runs no prefill forward, says so, and stays lossless."""
+    import sparsespec.harness.runner as runner
+    import sparsespec.shared_prefill as shared_prefill
+    run, _, prompts = harness_run
+    monkeypatch.setattr(runner, "PREFILL_MEMO", shared_prefill.PrefillMemo())
+    forwards = []
+    run_prefill = shared_prefill.run_prefill
+
+    def counting(model, prompt, *args, **kwargs):
+        forwards.append(prompt.numel())
+        return run_prefill(model, prompt, *args, **kwargs)
+    monkeypatch.setattr(shared_prefill, "run_prefill", counting)
+    common = ("num_prompts=4", "warmup=true", "cost_profile=false", "prefill_memo_gb=0.5",
+              "bench.methods=['snapkv_static:k=3,budget=0.3']")
+    first = run(tmp_path / "b1", "batch_size=1", *common)
+    n = [len(p.input_ids) for p in prompts[:4]]
+    assert forwards == [n[0], *n]              # the warm-up's prefill of prompt 1 is not kept, its own is
+    second = run(tmp_path / "b2", "batch_size=2", *common)
+    assert forwards[5:] == [n[0]] * 2                                  # B=2: the warm-up's only
+    for entry in second:
+        assert first[entry]["run"]["prefills_reused"] == 0
+        assert second[entry]["run"]["prefills_reused"] == 4
+    assert second["snapkv_static:k=3,budget=0.3"]["metrics"]["outputs_match_ar"] == 1.0
+    run(tmp_path / "off", "batch_size=2", *common[:-2], "prefill_memo_gb=0", common[-1])
+    assert len(forwards) == 7 + 2 + 4 and not runner.PREFILL_MEMO.kept   # 0 GiB: nothing kept, all prefilled
+
+
 def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     """analysis.batch over B = 1 and 2 runs of the harness: one row per (B, method) with the runs'
     own speed-ups and bounds, the cost split, the figure, and the document block replaced."""

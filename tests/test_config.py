@@ -210,6 +210,8 @@ def test_budget_beyond_the_context_is_accepted(hydra_conf):
     (["top_p=abc"], "top_p='abc' must be a number in (0, 1]"),
     (["seed=abc"], "seed='abc' must be an integer"),
     (["seed=1.5"], "seed=1.5 must be an integer"),
+    (["prefill_memo_gb=-1"], "prefill_memo_gb=-1 must be a number of GiB >= 0"),
+    (["prefill_memo_gb=lots"], "prefill_memo_gb='lots' must be a number of GiB >= 0"),
     (["task.source=longbench", "task.path=no/such/folder"], "task.path=no/such/folder does not exist"),
 ])
 def test_bad_values_are_named(hydra_conf, overrides, fragment):

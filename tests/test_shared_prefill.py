@@ -9,8 +9,10 @@ import torch
 import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt
 from sparsespec import ConfigError
+import sparsespec.shared_prefill as shared_prefill
 from sparsespec.decode import sparsespec_attention
 from sparsespec.methods import METHODS
+from sparsespec.shared_prefill import PrefillMemo
 
 NEW = 24
 PROMPT_LEN = 300
@@ -93,3 +95,73 @@ def test_a_prefill_serves_one_generate_of_its_own_method():
         sparsespec.generate(model, prompt, prefilled=starts["ar"])
     with pytest.raises(ConfigError, match="unknown method 'nope'"):
         sparsespec.prefill(model, prompt, methods={"x": ("nope", {})})
+
+
+# --- prefills kept across calls (PrefillMemo) --------------------------------------------------
+
+@pytest.fixture
+def forwards(monkeypatch):
+    """The prompt lengths of every prefill forward run."""
+    import sparsespec.decode as decode
+    seen = []
+    run = shared_prefill.run_prefill
+
+    def counting(model, prompt, *args, **kwargs):
+        seen.append(prompt.numel())
+        return run(model, prompt, *args, **kwargs)
+    monkeypatch.setattr(shared_prefill, "run_prefill", counting)
+    monkeypatch.setattr(decode, "run_prefill", counting)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_kept_prefill_replays_the_observers_exactly(arch, forwards):
+    """A prefill served by the memo runs no forward, and every method decodes from it exactly as from
+    its own prefill: the same tokens and (untimed controllers) the same accepted drafts each round, so
+    the observers saw the same scores; on Llama, Mistral (sliding-window mask rows) and Qwen2."""
+    model = build_tiny(arch)
+    prompt = prompt_with_repeat()
+    memo = PrefillMemo(max_bytes=2**30)
+    fresh = sparsespec.prefill(model, prompt, methods=RUNS, max_new_tokens=NEW)
+    sparsespec.prefill(model, prompt, methods=RUNS, max_new_tokens=NEW, memo=memo)
+    kept = sparsespec.prefill(model, prompt, methods=RUNS, max_new_tokens=NEW, memo=memo)
+    assert (memo.misses, memo.hits, len(forwards)) == (1, 1, 2)       # fresh, then kept: the third ran none
+    assert kept["ar"].shared.reused and kept["ar"].shared.seconds > 0
+    observed = kept["snapkv_static"].drafter.policy.observed
+    assert len(observed) == model.config.num_hidden_layers
+    for layer, scores in fresh["snapkv_static"].drafter.policy.observed.items():
+        torch.testing.assert_close(observed[layer], scores, rtol=0, atol=1e-6)
+    accepted = {}
+    for label in RUNS:
+        a = sparsespec.generate(model, prompt, prefilled=fresh[label], stop_at_eos=False)
+        b = sparsespec.generate(model, prompt, prefilled=kept[label], stop_at_eos=False)
+        assert b.tokens == a.tokens, label
+        if label not in TIMED:
+            assert [r.accepted for r in b.rounds] == [r.accepted for r in a.rounds], label
+        accepted[label] = sum(r.accepted for r in a.rounds)
+    assert accepted["snapkv_static"] + accepted["h2o"] + accepted["sparsespec_fixed"] > 0, "nothing was accepted"
+
+
+def test_the_memo_misses_another_model_a_wider_window_and_anything_past_its_bytes(forwards):
+    prompt, other_prompt = prompt_with_repeat(), random_prompt(200, seed=5)
+    model, other_model = build_tiny("llama"), build_tiny("llama", seed=1)
+    snapkv = lambda window: {"s": ("snapkv_static", dict(k=4, obs_window=window, **MID_BUDGET))}
+    memo = PrefillMemo(max_bytes=2**30, min_rows=32)
+    sparsespec.prefill(model, prompt, methods=snapkv(16), max_new_tokens=8, memo=memo)
+    sparsespec.prefill(other_model, prompt, methods=snapkv(16), max_new_tokens=8, memo=memo)   # other weights
+    sparsespec.prefill(model, prompt, methods=snapkv(48), max_new_tokens=8, memo=memo)         # 48 > 32 rows kept
+    sparsespec.prefill(model, prompt, methods=snapkv(40), max_new_tokens=8, memo=memo)         # now 48 are kept
+    assert (memo.misses, memo.hits, len(forwards)) == (3, 1, 3)
+    assert list(memo.kept) == [memo.key_of(model, prompt)]  # a prefill of another model drops the previous one's
+
+    one = memo.kept[memo.key_of(model, prompt)].nbytes
+    memo.resize(one)                                       # room for one prompt: the least recent goes
+    sparsespec.prefill(model, other_prompt, methods=snapkv(16), max_new_tokens=8, memo=memo)
+    assert list(memo.kept) == [memo.key_of(model, other_prompt)] and memo.nbytes <= one
+    memo.resize(0)                                         # off: keeps nothing, serves nothing
+    sparsespec.prefill(model, other_prompt, methods=snapkv(16), max_new_tokens=8, memo=memo)
+    assert not memo.kept and memo.hits == 1 and len(forwards) == 5
+
+    with sparsespec_attention(model):                      # observers that may read every query: never kept
+        PrefillMemo(max_bytes=2**30).prefill(model, prompt.view(-1), [lambda *a: None], query_rows=None)
+    assert len(forwards) == 6

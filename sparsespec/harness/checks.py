@@ -77,6 +77,8 @@ def check_numbers(cfg: DictConfig) -> None:
     for name in ("stop_at_eos", "compare_ar", "warmup", "cost_profile"):
         if not isinstance(cfg[name], bool):
             raise ConfigError(f"{name}={cfg[name]!r} must be true or false")
+    if not accepts(float, cfg.prefill_memo_gb) or cfg.prefill_memo_gb < 0:
+        raise ConfigError(f"prefill_memo_gb={cfg.prefill_memo_gb!r} must be a number of GiB >= 0 (0 keeps no prefill)")
     if not accepts(float, cfg.temperature) or cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature!r} must be a finite number >= 0 (0 means greedy)")
     if not accepts(float, cfg.top_p) or not 0.0 < cfg.top_p <= 1.0:

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from sparsespec import hf_reference, stats
 from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
+from sparsespec.shared_prefill import PrefillMemo
 
 from . import environment
 from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name,
@@ -228,6 +229,9 @@ def load_inputs(cfg: DictConfig, device: str):
 
 
 PROFILE = "cost profile of "       # the label of a run's cost profile inside a shared prefill
+# Prefills kept across the runs of this process (`prefill_memo_gb`): the jobs of a Hydra multirun on
+# the basic launcher decode one after another here, so a batch-size sweep prefills each prompt once.
+PREFILL_MEMO = PrefillMemo()
 
 
 def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: dict) -> dict[str, tuple[str, dict, int]]:
@@ -261,7 +265,7 @@ def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: 
 
     methods = {**engine, **{label: (method, options) for label, (method, options, _) in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
-                              lengths={label: length for label, (_, _, length) in profiles.items()})
+                              lengths={label: length for label, (_, _, length) in profiles.items()}, memo=PREFILL_MEMO)
 
 
 def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
@@ -358,14 +362,15 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
     start = time.perf_counter()
     max_new = min(WARMUP_TOKENS, cfg.max_new_tokens)
     decoders = decoders_for([r for r in runs if not r.done(prompt)], cfg)
-    if batch_size(cfg) > 1:     # the batched path, on copies of the prompt's prefix
-        decode_batch(model, [torch.as_tensor(prompt.input_ids).view(-1)[:WARMUP_PREFIX]] * batch_size(cfg), decoders, cfg, cfg.seed,
-                     max_new)
-        return
-    try:
-        decode_prompt(model, prompt.input_ids[:WARMUP_PREFIX], decoders, cfg, cfg.seed, max_new)
-    except ConfigError:
-        decode_prompt(model, prompt.input_ids, decoders, cfg, cfg.seed, max_new)
+    with PREFILL_MEMO.paused():  # a warm-up prefill is neither kept nor served: prompt 1's own stays timed
+        if batch_size(cfg) > 1:     # the batched path, on copies of the prompt's prefix
+            decode_batch(model, [torch.as_tensor(prompt.input_ids).view(-1)[:WARMUP_PREFIX]] * batch_size(cfg), decoders,
+                         cfg, cfg.seed, max_new)
+            return
+        try:
+            decode_prompt(model, prompt.input_ids[:WARMUP_PREFIX], decoders, cfg, cfg.seed, max_new)
+        except ConfigError:
+            decode_prompt(model, prompt.input_ids, decoders, cfg, cfg.seed, max_new)
     log.info("warm-up (%d methods x %d new tokens, not recorded): %.1f s", len(decoders), max_new,
              time.perf_counter() - start)
 
@@ -432,7 +437,7 @@ def open_results(run: MethodRun, device: str) -> None:
 
 
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
-               shared_with: list[str], bench: dict | None, cost_prior=None) -> dict:
+               shared_with: list[str], bench: dict | None, cost_prior=None, prefills_reused: int = 0) -> dict:
     cfg = run.cfg
     prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
     return {
@@ -443,6 +448,7 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
                 "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
                 "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
+                "prefills_reused": prefills_reused,
                 "batch_size": batch_size(cfg),
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
@@ -479,6 +485,8 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
         open_results(method_run, device)
     torch.manual_seed(cfg.seed)
     busy_before = environment.cpu_busy_fraction() if is_bench(cfg) else None
+    PREFILL_MEMO.resize(int(cfg.prefill_memo_gb * 2**30))
+    hits_before = PREFILL_MEMO.hits
 
     model, tokenizer, prompts = load_inputs(cfg, device)
     pending = [p for p in prompts if not all(r.done(p) for r in runs)]
@@ -511,7 +519,8 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
         for method_run in runs:
             samples = [method_run.finished[(str(p.id), method_run.label)] for p in prompts]
             summary = summary_of(method_run, samples, device=device, model=model, warnings=warnings, started=started,
-                                 shared_with=shared_with, bench=bench, cost_prior=cost_priors.get(method_run.entry))
+                                 shared_with=shared_with, bench=bench, cost_prior=cost_priors.get(method_run.entry),
+                                 prefills_reused=PREFILL_MEMO.hits - hits_before)
             write_json(method_run.folder / SUMMARY, summary)
             method_run.tracker.log_summary(summary)
             method_run.tracker.log_samples(samples)

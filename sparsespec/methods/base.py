@@ -76,6 +76,11 @@ class Drafter:
         scaling)` per layer; they compute statistics and never change the output."""
         return []
 
+    def prefill_query_rows(self) -> int | None:
+        """How many of the prompt's last queries the prefill observers read (0: no observers; None:
+        possibly all). A kept prefill (`PrefillMemo`) keeps only that many, and replays them."""
+        return 0 if not self.prefill_observers() else None
+
     def prefill_hook(self):
         """An attention hook for the prefill forward, or None: SDPA once, fanned out to every
         observer (observers of several drafters can share one `ObservedPrefillHook`)."""

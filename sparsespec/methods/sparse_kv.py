@@ -55,6 +55,9 @@ class SparseKVDrafter(ModelDrafter):
         observer = self.policy.prefill_observer()
         return [] if observer is None else [observer]
 
+    def prefill_query_rows(self) -> int | None:
+        return self.policy.prefill_query_rows()
+
     def after_prefill(self, state: DecodeState) -> None:
         self.policy.after_prefill(state)
 

@@ -4,7 +4,8 @@ A sparse self-speculative draft attends, per layer and KV head, to the sinks, th
 a top-K share of the cache chosen by a policy. A policy decides three things:
 
 1. what to observe: `prefill_observer()` sees each layer's prompt (query, key) once, observe-only,
-   from the one prefill forward; `verification_observer()` sees each verification's attention
+   from the one prefill forward, and reads the last `prefill_query_rows()` queries of it (a kept
+   prefill replays just those); `verification_observer()` sees each verification's attention
    probabilities (B, Hkv, G, q, N). Either may be None, and then that pass costs nothing extra;
 2. how to turn that into per-(layer, KV head) scores: `scores(layer)` (Hkv, >= length), kept up
    to date in `after_prefill` / `after_verify` (the cache has grown or rolled back by then);
@@ -100,6 +101,10 @@ class KVPolicy:
     # --- 1. observe ---------------------------------------------------------------------------
     def prefill_observer(self) -> PrefillObserver | None:
         return None
+
+    def prefill_query_rows(self) -> int | None:
+        """How many of the prompt's last queries `prefill_observer()` reads (None: possibly all)."""
+        return 0 if self.prefill_observer() is None else None
 
     def verification_observer(self) -> VerificationObserver | None:
         return None

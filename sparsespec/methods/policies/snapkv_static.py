@@ -29,6 +29,9 @@ class SnapKVStaticPolicy(KVPolicy):
     def prefill_observer(self):
         return self.observe_prefill if self.budget.topk > 0 else None
 
+    def prefill_query_rows(self) -> int:
+        return self.obs_window if self.prefill_observer() is not None else 0
+
     def observe_prefill(self, layer, query, key, visible, scaling) -> None:
         self.observed[layer] = window_attention_received(query, key, visible, scaling, self.obs_window)
 
