@@ -276,6 +276,24 @@ def test_profile_of_reads_the_acceptance_evidence_of_its_rounds():
     assert profile.acceptance_rate == pytest.approx(3 / 4)          # 3 accepted of 4 judged
 
 
+def test_a_batch_profile_keeps_only_the_rounds_the_whole_batch_took_part_in():
+    """A sequence that finishes leaves the batch; the rounds after it verify fewer rows and must not
+    set C_v(k) (one such k = 5 round made the hull flat over k = 1..5 at Qwen 16K, B = 8)."""
+    from sparsespec.calibration import full_batch_rounds, profile_of
+    from sparsespec.generation import Generation, Round
+
+    def round_(k, seconds):
+        return Round(drafted=k, accepted=k, emitted=k + 1, entropies=[0.1] * k, draft_s=0.01 * k,
+                     verify_s=seconds, draft_steps=k)
+    together = [round_(1, 0.9), round_(4, 2.5)]
+    short = Generation(tokens=[], prefill_s=0, decode_s=0, rounds=together)
+    long = Generation(tokens=[], prefill_s=0, decode_s=0, rounds=together + [round_(5, 0.46), round_(1, 0.3)])
+    rounds = full_batch_rounds([long, short])
+    assert len(rounds) == 4 and all(r in together for r in rounds)
+    assert profile_of(rounds).verify_s == {1: 0.9, 4: 2.5}
+    assert profile_of([r for g in (long, short) for r in g.rounds]).verify_s[5] == 0.46   # what it drops
+
+
 def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
     """Without acceptance evidence the rule opens at p = 1/2 (Laplace) and drafts k = 1; seeded by a
     profile that saw 90% of drafts accepted at low entropy, the same costs choose a longer draft."""
