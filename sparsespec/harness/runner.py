@@ -448,7 +448,7 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "stop_at_eos": cfg.stop_at_eos, "compare_ar": cfg.compare_ar, "dtype": cfg.dtype,
                 "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
                 "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
-                "prefills_reused": prefills_reused,
+                "prefills_reused": 0 if hf_reference.is_reference(run.method) else prefills_reused,
                 "batch_size": batch_size(cfg),
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
