@@ -93,3 +93,19 @@ def lines_printed_offline(code: str) -> list[str]:
     if not lines:
         raise AssertionError(f"nothing printed: {result.stderr[-2000:]}")
     return lines
+
+
+@pytest.fixture
+def prefill_forwards(monkeypatch):
+    """The prompt lengths of every prefill forward run from here on (the memo's and decode's)."""
+    import sparsespec.decode as decode
+    import sparsespec.shared_prefill as shared_prefill
+    seen = []
+    run = shared_prefill.run_prefill
+
+    def counting(model, prompt, *args, **kwargs):
+        seen.append(prompt.numel())
+        return run(model, prompt, *args, **kwargs)
+    monkeypatch.setattr(shared_prefill, "run_prefill", counting)
+    monkeypatch.setattr(decode, "run_prefill", counting)
+    return seen

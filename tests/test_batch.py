@@ -311,20 +311,15 @@ def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_b
     assert summaries["ar"]["run"]["cost_prior"] is None
 
 
-def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(harness_run, tmp_path, monkeypatch):
+def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(harness_run, tmp_path, monkeypatch,
+                                                                               prefill_forwards):
     """prefill_memo_gb keeps the prompts' prefills from one run of the process to the next: the B=2
     run after the B=1 run runs no prefill forward, says so, and stays lossless."""
     import sparsespec.harness.runner as runner
     import sparsespec.shared_prefill as shared_prefill
     run, _, prompts = harness_run
     monkeypatch.setattr(runner, "PREFILL_MEMO", shared_prefill.PrefillMemo())
-    forwards = []
-    run_prefill = shared_prefill.run_prefill
-
-    def counting(model, prompt, *args, **kwargs):
-        forwards.append(prompt.numel())
-        return run_prefill(model, prompt, *args, **kwargs)
-    monkeypatch.setattr(shared_prefill, "run_prefill", counting)
+    forwards = prefill_forwards
     common = ("num_prompts=4", "warmup=true", "cost_profile=false", "prefill_memo_gb=0.5",
               "bench.methods=['snapkv_static:k=3,budget=0.3']")
     first = run(tmp_path / "b1", "batch_size=1", *common)

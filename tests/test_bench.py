@@ -103,18 +103,11 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     assert fixed["run"]["cost_prior"] is None
 
 
-def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, tmp_path, monkeypatch):
+def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, tmp_path, prefill_forwards):
     """One prefill a prompt, the profile included: it used to prefill the first prompt a second time
     (9 min a task at 32K on Qwen here)."""
-    import sparsespec.shared_prefill
     run, _ = bench
-    prefills = []
-    run_prefill = sparsespec.shared_prefill.run_prefill
-
-    def counting(model, prompt, *args, **kwargs):
-        prefills.append(prompt.numel())
-        return run_prefill(model, prompt, *args, **kwargs)
-    monkeypatch.setattr(sparsespec.shared_prefill, "run_prefill", counting)   # the runner prefills through its memo
+    prefills = prefill_forwards
     summaries = run(tmp_path / "cell", "bench.methods=['sparsespec:budget=0.5','sparsespec_fixed:k=4']")
     assert prefills == [300, 300]                                        # tiny_prompts(2): one each
     prior = summaries["sparsespec:budget=0.5"]["run"]["cost_prior"]

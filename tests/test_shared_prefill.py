@@ -9,7 +9,6 @@ import torch
 import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt
 from sparsespec import ConfigError
-import sparsespec.shared_prefill as shared_prefill
 from sparsespec.decode import sparsespec_attention
 from sparsespec.methods import METHODS
 from sparsespec.shared_prefill import PrefillMemo
@@ -99,23 +98,9 @@ def test_a_prefill_serves_one_generate_of_its_own_method():
 
 # --- prefills kept across calls (PrefillMemo) --------------------------------------------------
 
-@pytest.fixture
-def forwards(monkeypatch):
-    """The prompt lengths of every prefill forward run."""
-    import sparsespec.decode as decode
-    seen = []
-    run = shared_prefill.run_prefill
-
-    def counting(model, prompt, *args, **kwargs):
-        seen.append(prompt.numel())
-        return run(model, prompt, *args, **kwargs)
-    monkeypatch.setattr(shared_prefill, "run_prefill", counting)
-    monkeypatch.setattr(decode, "run_prefill", counting)
-    return seen
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_kept_prefill_replays_the_observers_exactly(arch, forwards):
+def test_a_kept_prefill_replays_the_observers_exactly(arch, prefill_forwards):
+    forwards = prefill_forwards
     """A prefill served by the memo runs no forward, and every method decodes from it exactly as from
     its own prefill: the same tokens and (untimed controllers) the same accepted drafts each round, so
     the observers saw the same scores; on Llama, Mistral (sliding-window mask rows) and Qwen2."""
@@ -143,7 +128,8 @@ def test_a_kept_prefill_replays_the_observers_exactly(arch, forwards):
     assert accepted["snapkv_static"] + accepted["h2o"] + accepted["sparsespec_fixed"] > 0, "nothing was accepted"
 
 
-def test_the_memo_misses_another_model_a_wider_window_and_anything_past_its_bytes(forwards):
+def test_the_memo_misses_another_model_a_wider_window_and_anything_past_its_bytes(prefill_forwards):
+    forwards = prefill_forwards
     prompt, other_prompt = prompt_with_repeat(), random_prompt(200, seed=5)
     model, other_model = build_tiny("llama"), build_tiny("llama", seed=1)
     snapkv = lambda window: {"s": ("snapkv_static", dict(k=4, obs_window=window, **MID_BUDGET))}
