@@ -144,10 +144,11 @@ def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> tup
         recorded = {}
         out, split = [], []
         for q in rows:
-            split.append({"ctx": ctx, "rows": q, **{f"{group}_ms": ms for group, ms in
-                                                     time_by_op_group(lambda: forward(q, ExplicitAttentionHook()),
-                                                                      repeats).items()}})
-            plain = median_ms(lambda: forward(q, ExplicitAttentionHook()), repeats)
+            def plain_forward():
+                forward(q, ExplicitAttentionHook())
+            split.append({"ctx": ctx, "rows": q,
+                          **{f"{group}_ms": ms for group, ms in time_by_op_group(plain_forward, repeats).items()}})
+            plain = median_ms(plain_forward, repeats)
             recording = median_ms(lambda: forward(q, ExplicitAttentionHook(
                 lambda layer, probs: recorded.__setitem__(layer, attention_received(probs)))), repeats)
             out.append({"ctx": ctx, "rows": q, "plain_ms": plain, "recording_ms": recording})
