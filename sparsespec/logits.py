@@ -11,7 +11,8 @@ def target_logits(model, **inputs) -> torch.Tensor:
     For a plain linear LM head they are computed as (W @ h^T)^T: for a handful of rows, CPU BLAS
     runs h @ W^T (what nn.Linear does) ~2.5x slower (SmolLM2's head, 5 rows: 18 vs 6.4 ms). The
     batch's rows are folded into one (D, B*q) matrix so W is read once: the broadcast (V, D) @ (B, D, q)
-    form took 2.5x as long at B = 8, q = 5 on Qwen's 151936 x 896 head (325 vs 131 ms). Heads with
+    form took 2.6x as long at B = 8, q = 5 on Qwen's 151936 x 896 head (292 vs 112 ms,
+    experiments/batch_step_cost.py). Heads with
     soft-capping, logit scales or a bias go through the model's own forward."""
     head = model.get_output_embeddings()
     config = model.config.get_text_config()
