@@ -91,10 +91,14 @@ def method_options(config: dict) -> dict:
     return dict(options) if isinstance(options, dict) else {}
 
 
-def controller_name(method: str | None, options: dict) -> str | None:
-    """`entropy` for the controlled method, `fixed` for fixed-k, an explicit option wins."""
+def controller_name(method: str | None, options: dict, resolved: dict | None = None) -> str | None:
+    """An explicit option wins, then the controller the run resolved (summary.json
+    `run.method_options`: a baseline's declared default, `fixed` for streaming), else `entropy` for
+    the controlled method and `fixed` for fixed-k."""
     if options.get("controller") is not None:
         return str(options["controller"])
+    if (resolved or {}).get("controller") is not None:
+        return str(resolved["controller"])
     if method in CONTROLLED_METHODS:
         return "entropy"
     if method in FIXED_K_METHODS:
@@ -166,7 +170,7 @@ def rows_from_records(summary: dict, samples: list[dict], run_label: str,
     env = summary.get("env") or {}
     metrics = summary.get("metrics") or {}
     options = method_options(config)
-    controller = controller_name(run.get("method"), options)
+    controller = controller_name(run.get("method"), options, run.get("method_options"))
     base = {"run": run_label,
             "experiment": experiment if experiment is not None else config.get("experiment_name"),
             **{k: run.get(k) for k in RUN_COLUMNS},

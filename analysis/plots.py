@@ -296,8 +296,10 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
     figures = []
     for suffix, group in per_model_task(rounds):
         fig, (left, right) = new_figure(ncols=2, width=5.2)
+        # SparseSpec-L's rows by who chose k; every other drafter (streaming, pld, ...) keeps its own line
+        own = group["method"].astype(str).str.startswith("sparsespec")
         group = group.assign(k_from=group["controller"].map({"fixed": "fixed k", "entropy": "controller's k"})
-                             .fillna(group["method"]))
+                             .where(own).fillna(group["method"]))
         per_prompt = group.groupby(["k_from", "run", "prompt_id", "drafted"], as_index=False)[
             "round_tokens_per_s"].mean()
         for k_from, rows_k in per_prompt.groupby("k_from", sort=True):
