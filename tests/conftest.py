@@ -109,3 +109,30 @@ def prefill_forwards(monkeypatch):
     monkeypatch.setattr(shared_prefill, "run_prefill", counting)
     monkeypatch.setattr(decode, "run_prefill", counting)
     return seen
+
+
+@pytest.fixture
+def harness_run(monkeypatch):
+    """The harness in-process on the tiny Llama with prompts of mixed lengths (test_bench.py's way):
+    `run(folder, *overrides)` returns each entry's summary."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+
+    import sparsespec.harness.runner as runner
+    from test_bench import Tokenizer
+
+    model = build_tiny("llama")
+    lengths = (300, 120, 250, 90, 200)
+    prompts = [SimpleNamespace(id=f"p{i}", input_ids=random_prompt(n, seed=i)[0], reference=None)
+               for i, n in enumerate(lengths)]
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (model, Tokenizer(), prompts[:cfg.num_prompts]))
+    conf = Path(__file__).resolve().parents[1] / "conf"
+
+    def run(folder, *overrides):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose("config", overrides=["logger=none", "ctx=1k", "num_prompts=5", "max_new_tokens=12",
+                                               "warmup=true", *overrides])
+            return runner.run(cfg, folder)
+    return run, model, prompts

@@ -1,0 +1,204 @@
+"""Recycled top-K against simpler sparse drafts across draft budgets, from a budget sweep's run
+summaries (issue #13's selection lever): acceptance and speed-up per budget, the paired comparison at
+the same budget, and each draft at its own best budget.
+
+    python run.py experiment=selection_budget_cpu hydra.sweep.dir=docs/runs/selection_budget/qwen_8k_k4
+    python run.py experiment=selection_budget_cpu selection_k=16 hydra.sweep.dir=docs/runs/selection_budget/qwen_8k_k16
+    python -m analysis.selection docs/runs/selection_budget
+
+Writes <results>/selection.md, <results>/figures/selection_budget.{png,pdf} and the block between
+`<!-- selection:begin -->` and `<!-- selection:end -->` in docs/benchmark.md. No number is typed by hand.
+
+Every draft of a cell runs at the same fixed k, so tokens per round differ only by which KV positions the draft
+attends to. Comparisons are paired as in analysis.claims: per prompt, recycled top-K's decode tokens/s
+over the other draft's, both decoded in one process from one shared prefill; "ahead" where the 95%
+interval of the mean ratio lies above 1, "behind" below 1, "tied" otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis.claims import fmt_ci, paired_ratio, replace_block, standing, text_with_block
+from analysis.load import results_or_exit
+from analysis.tables import ctx_label
+from sparsespec import stats
+from sparsespec.tables import markdown_table
+
+MARK_BEGIN, MARK_END = "<!-- selection:begin -->", "<!-- selection:end -->"
+CELL = ["model", "task", "ctx", "k"]              # k too: a sweep at k=4 and one at k=16 are separate cells
+RECYCLED = "sparsespec_fixed"                 # recycled top-K at a fixed k: the draft under test
+DRAFTS = (RECYCLED, "streaming", "snapkv_static")
+
+
+def selection_samples(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell, draft, budget, prompt). `draft` is the run's method label (options other than
+    k and budget stay in it: `sparsespec_fixed recent=16`); `label` adds the budget, for pairing."""
+    base = df["method"].astype(str).str.split(" ").str[0]
+    out = df[base.isin(DRAFTS) & df["budget_frac"].notna()].copy()
+    if out.empty:
+        raise SystemExit(f"error: no run of {', '.join(DRAFTS)} with a draft budget in these results; "
+                         f"run `python run.py experiment=selection_budget_cpu` first")
+    out["ctx"] = out["ctx"].astype(int)
+    out["k"] = out["k"].astype(int)
+    out["draft"] = out["method"].astype(str)
+    out["budget_frac"] = out["budget_frac"].round(4)
+    out["label"] = [f"{d} b={b:.0%}" for d, b in zip(out["draft"], out["budget_frac"])]
+    twice = out[out.duplicated([*CELL, "label", "prompt_id"], keep=False)]
+    if not twice.empty:          # pairing would silently average the two decodes
+        first = twice.iloc[0]
+        raise SystemExit(f"error: prompt {first['prompt_id']} of {first['label']} (k={first['k']}) at {first['model']}/"
+                         f"{first['task']}/{first['ctx']} appears in more than one run; give analysis.selection one "
+                         f"run per cell and draft (extend a cell by resuming its folder with a larger num_prompts)")
+    return out[[*CELL, "draft", "budget_frac", "label", "prompt_id", "tokens_per_s", "speedup_vs_ar",
+                "mean_accepted", "outputs_match_ar", "run_c_draft_s", "run_c_verify_s", "run_select_s_per_round"]]
+
+
+def budget_table(s: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, draft and budget: prompts, tokens per round, the speed-up over AR (mean, 95% CI), and the
+    run's measured costs: a draft step, a verification and the selection per round (ms)."""
+    records = []
+    for key, rows in s.groupby([*CELL, "draft", "budget_frac"], sort=True):
+        speedup = stats.mean_ci(rows["speedup_vs_ar"])
+        records.append({**dict(zip([*CELL, "draft", "budget"], key)), "n": len(rows),
+                        "tokens_per_round": rows["mean_accepted"].mean(), "speedup_vs_ar": speedup.mean,
+                        "low": speedup.low, "high": speedup.high,
+                        "c_draft_ms": rows["run_c_draft_s"].mean() * 1e3,
+                        "c_verify_ms": rows["run_c_verify_s"].mean() * 1e3,
+                        "select_ms": rows["run_select_s_per_round"].mean() * 1e3,
+                        "outputs_match_ar": bool(rows["outputs_match_ar"].astype(bool).all())})
+    return pd.DataFrame(records)
+
+
+def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and budget, recycled top-K (recent window at its default) against every other draft
+    run at that budget: tokens per round of both, on how many prompts top-K's was higher, and the
+    paired tokens/s ratio."""
+    records = []
+    for key, rows in s.groupby([*CELL, "budget_frac"], sort=True):
+        if RECYCLED not in set(rows["draft"]):
+            continue
+        mine = rows[rows["draft"] == RECYCLED]
+        for other in sorted(set(rows["draft"]) - {RECYCLED}):
+            theirs = rows[rows["draft"] == other]
+            ci = paired_ratio(rows, mine["label"].iloc[0], theirs["label"].iloc[0])
+            # under greedy, tokens per round are deterministic: on how many prompts did top-K accept more?
+            accepted = pd.merge(mine, theirs, on="prompt_id", suffixes=("_mine", "_theirs"))
+            more = int((accepted["mean_accepted_mine"] > accepted["mean_accepted_theirs"]).sum())
+            records.append({**dict(zip([*CELL, "budget"], key)), "vs": other,
+                            "tokens/round (top-K)": mine["mean_accepted"].mean(),
+                            "tokens/round (other)": theirs["mean_accepted"].mean(),
+                            "top-K accepts more on": f"{more} of {len(accepted)} prompts",
+                            "top-K / other": fmt_ci(ci), "standing": standing(ci)})
+    return pd.DataFrame(records)
+
+
+def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, each draft at the budget where its mean speed-up was highest, and recycled top-K at its
+    best against each other draft at its own best (paired over the prompts both decoded)."""
+    records = []
+    for key, rows in s.groupby(CELL, sort=True):
+        means = rows.groupby(["draft", "budget_frac"])["speedup_vs_ar"].mean()
+        best = {draft: means[draft].idxmax() for draft in means.index.get_level_values(0).unique()}
+        if RECYCLED not in best:
+            continue
+        label = lambda draft: f"{draft} b={best[draft]:.0%}"          # noqa: E731
+        for other in sorted(set(best) - {RECYCLED}):
+            ci = paired_ratio(rows, label(RECYCLED), label(other))
+            records.append({**dict(zip(CELL, key)), "vs": other, "top-K best budget": best[RECYCLED],
+                            "top-K speed-up": means[RECYCLED, best[RECYCLED]], "other best budget": best[other],
+                            "other speed-up": means[other, best[other]], "top-K / other": fmt_ci(ci),
+                            "standing": standing(ci)})
+    return pd.DataFrame(records)
+
+
+def budget_figure(s: pd.DataFrame, table: pd.DataFrame):
+    """Per cell: tokens per round (top) and speed-up over AR with its 95% interval (bottom) against
+    the draft budget, one line per draft."""
+    cells = list(table.groupby(CELL, sort=True))
+    drafts = sorted(table["draft"].unique())
+    colour = {draft: f"C{i % 10}" for i, draft in enumerate(drafts)}
+    fig = Figure(figsize=(4.6 * max(1, len(cells)), 7.6), layout="constrained")
+    axes = fig.subplots(2, max(1, len(cells)), squeeze=False)
+    for col, (key, group) in enumerate(cells):
+        for draft, line in group.groupby("draft", sort=True):
+            line = line.sort_values("budget")
+            style = dict(marker="o", color=colour[draft], label=draft, linewidth=2.4 if draft == RECYCLED else 1.4)
+            axes[0, col].plot(line["budget"] * 100, line["tokens_per_round"], **style)
+            err = np.vstack([line["speedup_vs_ar"] - line["low"], line["high"] - line["speedup_vs_ar"]])
+            axes[1, col].errorbar(line["budget"] * 100, line["speedup_vs_ar"], yerr=np.nan_to_num(err.astype(float)),
+                                  capsize=3, **style)
+        axes[0, col].set_title(f"{key[0]} · {key[1]} · {ctx_label(key[2])} · k = {key[3]}", fontsize=9)
+        axes[0, col].set_ylabel(f"tokens per round (at most {key[3] + 1})")
+        axes[0, col].set_ylim(1, key[3] + 1.2)          # the full range: a saturated draft reads as one
+        axes[1, col].axhline(1.0, color="0.3", linestyle="--", linewidth=1)
+        axes[1, col].set_ylabel("decode speed-up over AR (×)")
+        for row in (0, 1):
+            axes[row, col].set_xscale("log")
+            axes[row, col].minorticks_off()
+            ticks = sorted(group["budget"].unique() * 100)
+            axes[row, col].set_xticks(ticks)
+            axes[row, col].set_xticklabels([f"{t:g}%" for t in ticks])
+            axes[row, col].set_xlabel("draft budget (% of the context)")
+        axes[0, col].legend(fontsize=7)
+    fig.suptitle("Draft selection across budgets: recycled top-K against a recent window\n"
+                 "error bars: 95% CI over prompts", fontsize=10)
+    return fig
+
+
+def fmt(table: pd.DataFrame) -> pd.DataFrame:
+    out = table.copy()
+    if "speedup_vs_ar" in out:
+        out["speedup_vs_ar"] = [fmt_ci(stats.MeanCI(n, m, None, lo, hi)) for n, m, lo, hi
+                                in zip(out["n"], out["speedup_vs_ar"], out["low"], out["high"])]
+        out = out.drop(columns=["low", "high"])
+    for column in [c for c in out.columns if "budget" in c]:
+        out[column] = [f"{b:.0%}" for b in out[column]]
+    return out.round(2)
+
+
+def document(s: pd.DataFrame, results: str) -> tuple[str, str]:
+    """(the Markdown of <results>/selection.md, the block for docs/benchmark.md)."""
+    per_budget, same, best = fmt(budget_table(s)), same_budget_table(s).round(2), fmt(best_budget_table(s))
+    header = f"<!-- generated by `python -m analysis.selection {results}`; edits here are overwritten -->"
+    sections = ["## Recycled top-K against each other draft at the same budget (paired tokens/s)", "",
+                markdown_table(fmt(same)), "",
+                "## Each draft at its own best budget", "", markdown_table(best), "",
+                "## Every draft and budget", "", markdown_table(per_budget), ""]
+    full = "\n".join([f"# Draft selection across budgets: {results}", header, "", *sections])
+    block = "\n".join([MARK_BEGIN, header, "", *sections[:-1],
+                       f"The figure: `{results}/figures/selection_budget.png`.", MARK_END])
+    return full, block
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.selection", description=__doc__.split("\n")[0])
+    parser.add_argument("results", help="a budget sweep's results folder (e.g. docs/runs/selection_budget)")
+    parser.add_argument("--doc", default="docs/benchmark.md",
+                        help="whose selection block to fill; none: only the folder's selection.md and figure")
+    args = parser.parse_args(argv)
+    doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), MARK_BEGIN, MARK_END, option="--doc")
+    s = selection_samples(results_or_exit(args.results))
+    full, block = document(s, args.results)
+    out = Path(args.results)
+    (out / "selection.md").write_text(full)
+    (out / "figures").mkdir(exist_ok=True)
+    fig = budget_figure(s, budget_table(s))
+    for suffix in ("png", "pdf"):
+        fig.savefig(out / "figures" / f"selection_budget.{suffix}", dpi=150)
+    wrote = f"wrote {out / 'selection.md'}, {out / 'figures' / 'selection_budget.png'}"
+    if doc_text is not None:
+        doc = Path(args.doc)
+        doc.write_text(replace_block(doc_text, block, MARK_BEGIN, MARK_END, where=str(doc)))
+        wrote += f" and the selection block of {doc}"
+    print(wrote)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
