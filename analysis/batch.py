@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.claims import replace_block, text_with_block
+from analysis.claims import text_with_block, write_report
 from analysis.load import results_or_exit
 from analysis.plots import new_figure
 from analysis.tables import ctx_label, order_methods, per_run
@@ -172,18 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), MARK_BEGIN, MARK_END, option="--doc")
     runs = batch_runs(results_or_exit(args.results))
     full, block = document(runs, args.results)
-    out = Path(args.results)
-    (out / "batch.md").write_text(full)
-    (out / "figures").mkdir(exist_ok=True)
-    fig = scaling_figure(runs)
-    for suffix in ("png", "pdf"):
-        fig.savefig(out / "figures" / f"batch_scaling.{suffix}", dpi=150)
-    wrote = f"wrote {out / 'batch.md'}, {out / 'figures' / 'batch_scaling.png'}"
-    if doc_text is not None:
-        doc = Path(args.doc)
-        doc.write_text(replace_block(doc_text, block, MARK_BEGIN, MARK_END, where=str(doc)))
-        wrote += f" and the batch block of {doc}"
-    print(wrote)
+    print(write_report(Path(args.results), "batch.md", full, scaling_figure(runs), "batch_scaling",
+                       args.doc, doc_text, block, MARK_BEGIN, MARK_END))
     return 0
 
 

@@ -364,6 +364,22 @@ def replace_block(text: str, block: str, begin: str = MARK_BEGIN, end: str = MAR
     return head + block + rest.split(end, 1)[1]
 
 
+def write_report(folder: Path, markdown_name: str, markdown: str, figure, figure_stem: str,
+                 doc: str, doc_text: str | None, block: str, begin: str, end: str) -> str:
+    """Write <folder>/<markdown_name>, <folder>/figures/<figure_stem>.{png,pdf} and, unless `doc_text` is
+    None (`--doc none`), the generated block of `doc` (read and checked beforehand by `text_with_block`).
+    Returns the line that says what was written."""
+    (folder / markdown_name).write_text(markdown)
+    (folder / "figures").mkdir(exist_ok=True)
+    for suffix in ("png", "pdf"):
+        figure.savefig(folder / "figures" / f"{figure_stem}.{suffix}", dpi=150)
+    wrote = f"wrote {folder / markdown_name}, {folder / 'figures' / f'{figure_stem}.png'}"
+    if doc_text is not None:
+        Path(doc).write_text(replace_block(doc_text, block, begin, end, where=doc))
+        wrote += f" and the generated block of {doc}"
+    return wrote
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.claims", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="the matrix's results folder (e.g. docs/runs/matrix)")

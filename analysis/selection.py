@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.claims import fmt_ci, paired_ratio, replace_block, standing, text_with_block
+from analysis.claims import fmt_ci, paired_ratio, standing, text_with_block, write_report
 from analysis.load import results_or_exit
 from analysis.tables import ctx_label
 from sparsespec import stats
@@ -34,6 +34,11 @@ MARK_BEGIN, MARK_END = "<!-- selection:begin -->", "<!-- selection:end -->"
 CELL = ["model", "task", "ctx", "k"]              # k too: a sweep at k=4 and one at k=16 are separate cells
 RECYCLED = "sparsespec_fixed"                 # recycled top-K at a fixed k: the draft under test
 DRAFTS = (RECYCLED, "streaming", "snapkv_static")
+
+
+def percent(fraction: float) -> str:
+    """0.02 -> `2%`, 0.025 -> `2.5%`: distinct budgets never share a label."""
+    return f"{fraction * 100:g}%"
 
 
 def selection_samples(df: pd.DataFrame) -> pd.DataFrame:
@@ -48,7 +53,7 @@ def selection_samples(df: pd.DataFrame) -> pd.DataFrame:
     out["k"] = out["k"].astype(int)
     out["draft"] = out["method"].astype(str)
     out["budget_frac"] = out["budget_frac"].round(4)
-    out["label"] = [f"{d} b={b:.0%}" for d, b in zip(out["draft"], out["budget_frac"])]
+    out["label"] = [f"{d} b={percent(b)}" for d, b in zip(out["draft"], out["budget_frac"])]
     twice = out[out.duplicated([*CELL, "label", "prompt_id"], keep=False)]
     if not twice.empty:          # pairing would silently average the two decodes
         first = twice.iloc[0]
@@ -107,7 +112,7 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
         best = {draft: means[draft].idxmax() for draft in means.index.get_level_values(0).unique()}
         if RECYCLED not in best:
             continue
-        label = lambda draft: f"{draft} b={best[draft]:.0%}"          # noqa: E731
+        label = lambda draft: f"{draft} b={percent(best[draft])}"     # noqa: E731
         for other in sorted(set(best) - {RECYCLED}):
             ci = paired_ratio(rows, label(RECYCLED), label(other))
             records.append({**dict(zip(CELL, key)), "vs": other, "top-K best budget": best[RECYCLED],
@@ -158,7 +163,7 @@ def fmt(table: pd.DataFrame) -> pd.DataFrame:
                                 in zip(out["n"], out["speedup_vs_ar"], out["low"], out["high"])]
         out = out.drop(columns=["low", "high"])
     for column in [c for c in out.columns if "budget" in c]:
-        out[column] = [f"{b:.0%}" for b in out[column]]
+        out[column] = [percent(b) for b in out[column]]
     return out.round(2)
 
 
@@ -185,18 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), MARK_BEGIN, MARK_END, option="--doc")
     s = selection_samples(results_or_exit(args.results))
     full, block = document(s, args.results)
-    out = Path(args.results)
-    (out / "selection.md").write_text(full)
-    (out / "figures").mkdir(exist_ok=True)
-    fig = budget_figure(s, budget_table(s))
-    for suffix in ("png", "pdf"):
-        fig.savefig(out / "figures" / f"selection_budget.{suffix}", dpi=150)
-    wrote = f"wrote {out / 'selection.md'}, {out / 'figures' / 'selection_budget.png'}"
-    if doc_text is not None:
-        doc = Path(args.doc)
-        doc.write_text(replace_block(doc_text, block, MARK_BEGIN, MARK_END, where=str(doc)))
-        wrote += f" and the selection block of {doc}"
-    print(wrote)
+    print(write_report(Path(args.results), "selection.md", full, budget_figure(s, budget_table(s)), "selection_budget", args.doc, doc_text, block,
+                       MARK_BEGIN, MARK_END))
     return 0
 
 
