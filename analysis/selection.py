@@ -82,8 +82,8 @@ def budget_table(s: pd.DataFrame) -> pd.DataFrame:
 
 def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
     """Per cell and budget, recycled top-K (recent window at its default) against every other draft
-    run at that budget: tokens per round of both, on how many prompts top-K's was higher, and the
-    paired tokens/s ratio."""
+    run at that budget, over the prompts both decoded: tokens per round of both, on how many prompts
+    top-K's was higher, and the paired tokens/s ratio."""
     records = []
     for key, rows in s.groupby([*CELL, "budget_frac"], sort=True):
         if RECYCLED not in set(rows["draft"]):
@@ -95,9 +95,9 @@ def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
             # under greedy, tokens per round are deterministic: on how many prompts did top-K accept more?
             accepted = pd.merge(mine, theirs, on="prompt_id", suffixes=("_mine", "_theirs"))
             more = int((accepted["mean_accepted_mine"] > accepted["mean_accepted_theirs"]).sum())
-            records.append({**dict(zip([*CELL, "budget"], key)), "vs": other,
-                            "tokens/round (top-K)": mine["mean_accepted"].mean(),
-                            "tokens/round (other)": theirs["mean_accepted"].mean(),
+            records.append({**dict(zip([*CELL, "budget"], key)), "vs": other, "prompts": len(accepted),
+                            "tokens/round (top-K)": accepted["mean_accepted_mine"].mean(),
+                            "tokens/round (other)": accepted["mean_accepted_theirs"].mean(),
                             "top-K accepts more on": f"{more} of {len(accepted)} prompts",
                             "top-K / other": fmt_ci(ci), "standing": standing(ci)})
     return pd.DataFrame(records)

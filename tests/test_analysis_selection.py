@@ -50,6 +50,14 @@ def test_budget_table_gives_each_draft_its_acceptance_speed_and_costs():
     assert table.loc[("streaming", 0.02), "n"] == 3 and table["outputs_match_ar"].all()
 
 
+def test_same_budget_acceptance_is_compared_over_the_prompts_both_decoded():
+    df = frame(prompts=3)
+    df.loc[(df["method"] == "streaming") & (df["prompt_id"] == "002"), "budget_frac"] = float("nan")   # not run
+    df.loc[(df["method"] == "sparsespec_fixed") & (df["prompt_id"] == "002"), "mean_accepted"] = 99.0   # unpaired
+    same = selection.same_budget_table(selection.selection_samples(df)).set_index("budget")
+    assert same.loc[0.02, "prompts"] == 2 and same.loc[0.02, "tokens/round (top-K)"] == pytest.approx(4.0)
+
+
 def test_each_draft_is_compared_at_its_own_best_budget():
     best = selection.best_budget_table(selection.selection_samples(frame())).iloc[0]
     assert best["top-K best budget"] == 0.1 and best["other best budget"] == 0.1
