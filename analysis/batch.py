@@ -23,14 +23,13 @@ paying at large batch exactly when K dominates W (long contexts).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.claims import text_with_block, write_report
+from analysis.claims import report_arguments, write_report
 from analysis.load import results_or_exit
 from analysis.plots import new_figure
 from analysis.tables import ctx_label, order_methods, per_run
@@ -164,12 +163,8 @@ def document(runs: pd.DataFrame, results: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.batch", description=__doc__.split("\n")[0])
-    parser.add_argument("results", help="a batch sweep's results folder (e.g. docs/runs/batch)")
-    parser.add_argument("--doc", default="docs/benchmark.md",
-                        help="whose batch block to fill; none: only the folder's batch.md and figure")
-    args = parser.parse_args(argv)
-    doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), MARK_BEGIN, MARK_END, option="--doc")
+    args, doc_text = report_arguments(argv, "python -m analysis.batch", __doc__.split("\n")[0],
+                                      "docs/runs/batch", "batch.md", MARK_BEGIN, MARK_END)
     runs = batch_runs(results_or_exit(args.results))
     full, block = document(runs, args.results)
     print(write_report(Path(args.results), "batch.md", full, scaling_figure(runs), "batch_scaling",

@@ -364,6 +364,19 @@ def replace_block(text: str, block: str, begin: str = MARK_BEGIN, end: str = MAR
     return head + block + rest.split(end, 1)[1]
 
 
+def report_arguments(argv: list[str] | None, prog: str, description: str, example: str, markdown_name: str,
+                     begin: str, end: str) -> tuple[argparse.Namespace, str | None]:
+    """The command line of a report command (`results`, `--doc`) and the text of the doc whose block it
+    fills (None for `--doc none`), checked before anything is computed or written."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("results", help=f"the sweep's results folder (e.g. {example})")
+    parser.add_argument("--doc", default="docs/benchmark.md",
+                        help=f"whose generated block to fill; none: only the folder's {markdown_name} and figure")
+    args = parser.parse_args(argv)
+    doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), begin, end, option="--doc")
+    return args, doc_text
+
+
 def write_report(folder: Path, markdown_name: str, markdown: str, figure, figure_stem: str,
                  doc: str, doc_text: str | None, block: str, begin: str, end: str) -> str:
     """Write <folder>/<markdown_name>, <folder>/figures/<figure_stem>.{png,pdf} and, unless `doc_text` is

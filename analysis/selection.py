@@ -16,7 +16,6 @@ interval of the mean ratio lies above 1, "behind" below 1, "tied" otherwise.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.claims import fmt_ci, paired_ratio, standing, text_with_block, write_report
+from analysis.claims import fmt_ci, paired_ratio, report_arguments, standing, write_report
 from analysis.load import results_or_exit
 from analysis.tables import ctx_label
 from sparsespec import stats
@@ -182,16 +181,12 @@ def document(s: pd.DataFrame, results: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.selection", description=__doc__.split("\n")[0])
-    parser.add_argument("results", help="a budget sweep's results folder (e.g. docs/runs/selection_budget)")
-    parser.add_argument("--doc", default="docs/benchmark.md",
-                        help="whose selection block to fill; none: only the folder's selection.md and figure")
-    args = parser.parse_args(argv)
-    doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), MARK_BEGIN, MARK_END, option="--doc")
+    args, doc_text = report_arguments(argv, "python -m analysis.selection", __doc__.split("\n")[0],
+                                      "docs/runs/selection_budget", "selection.md", MARK_BEGIN, MARK_END)
     s = selection_samples(results_or_exit(args.results))
     full, block = document(s, args.results)
-    print(write_report(Path(args.results), "selection.md", full, budget_figure(s, budget_table(s)), "selection_budget", args.doc, doc_text, block,
-                       MARK_BEGIN, MARK_END))
+    print(write_report(Path(args.results), "selection.md", full, budget_figure(s, budget_table(s)), "selection_budget",
+                       args.doc, doc_text, block, MARK_BEGIN, MARK_END))
     return 0
 
 
