@@ -121,7 +121,7 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def budget_figure(s: pd.DataFrame, table: pd.DataFrame):
+def budget_figure(table: pd.DataFrame):
     """Per cell: tokens per round (top) and speed-up over AR with its 95% interval (bottom) against
     the draft budget, one line per draft."""
     cells = list(table.groupby(CELL, sort=True))
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "docs/runs/selection_budget", "selection.md", MARK_BEGIN, MARK_END)
     s = selection_samples(results_or_exit(args.results))
     full, block = document(s, args.results)
-    print(write_report(Path(args.results), "selection.md", full, budget_figure(s, budget_table(s)), "selection_budget",
+    print(write_report(Path(args.results), "selection.md", full, budget_figure(budget_table(s)), "selection_budget",
                        args.doc, doc_text, block, MARK_BEGIN, MARK_END))
     return 0
 
