@@ -100,10 +100,10 @@ def test_a_prefill_serves_one_generate_of_its_own_method():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_kept_prefill_replays_the_observers_exactly(arch, prefill_forwards):
-    forwards = prefill_forwards
     """A prefill served by the memo runs no forward, and every method decodes from it exactly as from
     its own prefill: the same tokens and (untimed controllers) the same accepted drafts each round, so
     the observers saw the same scores; on Llama, Mistral (sliding-window mask rows) and Qwen2."""
+    forwards = prefill_forwards
     model = build_tiny(arch)
     prompt = prompt_with_repeat()
     memo = PrefillMemo(max_bytes=2**30)
