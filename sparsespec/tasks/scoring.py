@@ -1,5 +1,6 @@
 """Task metrics, following LongBench: token F1 for QA, ROUGE-L for summaries, edit similarity for
-code, and the chosen letter for LongBench v2's multiple choice. Each returns a float in [0, 1]."""
+code, and the chosen letter for LongBench v2's multiple choice; exact match of the expected items
+for the synthetic retrieval task (RULER's string_match_all). Each returns a float in [0, 1]."""
 from __future__ import annotations
 
 import difflib
@@ -51,8 +52,21 @@ def choice_accuracy(text: str, reference: str) -> float:
     return float(match is not None and match.group(1) == reference.strip())
 
 
-METRICS = {"qa_f1": qa_f1, "rouge_l": rouge_l, "code_sim": code_similarity, "choice": choice_accuracy}
-TASK_METRICS = {"qa": "qa_f1", "summarization": "rouge_l", "code": "code_sim"}  # the default metric per task
+def exact_match(text: str, reference: str) -> float:
+    """The share of the reference's comma-separated items that `text` contains verbatim as whole
+    words (case-insensitive): 1.0 only when every expected item is there. RULER's string_match_all,
+    without counting a number found inside a longer one."""
+    items = [item.strip() for item in reference.split(",") if item.strip()]
+    if not items:
+        return float(not text.strip())
+    found = sum(re.search(rf"(?<!\w){re.escape(item)}(?!\w)", text, re.IGNORECASE) is not None for item in items)
+    return found / len(items)
+
+
+METRICS = {"qa_f1": qa_f1, "rouge_l": rouge_l, "code_sim": code_similarity, "choice": choice_accuracy,
+           "exact_match": exact_match}
+TASK_METRICS = {"qa": "qa_f1", "summarization": "rouge_l", "code": "code_sim",
+                "retrieval": "exact_match"}  # the default metric per task
 
 
 def score(task_or_metric: str, text: str, reference: str | Sequence[str] | None) -> float | None:
