@@ -216,7 +216,7 @@ def qa_prompt(index: int, start: int, tokenizer, context_tokens: int, rng: rando
             if document[section.start:end] in kept:
                 return Prompt(id=f"{index:03d}:{keys[0]}:{section.title}", input_ids=ids, reference=section.title,
                               meta={"metric": "qa_f1", "topics": keys, "sentence": sentence,
-                                    "depth": round(section.start / len(document), 3),
+                                    "depth": round(kept.index(document[section.start:end]) / len(kept), 3),
                                     "truncated": kept != document})
     raise ConfigError(f"context_tokens={context_tokens} is too small to keep a QA section title together with "
                       f"a sentence of it; use a larger ctx")
