@@ -39,7 +39,7 @@ def make(*overrides: str):
 def test_config_groups_hold_what_the_issue_names():
     assert set(options("model")) >= {"smollm2_135m", "qwen2.5_coder_0.5b", "llama3_8b", "mistral_7b",
                                      "llama3.1_8b", "qwen2.5_7b"}
-    assert set(options("task")) >= {"summarization", "qa", "code"}
+    assert set(options("task")) >= {"summarization", "qa", "code", "retrieval"}
     assert set(options("ctx")) >= {f"{n}k" for n in (1, 2, 4, 8, 16, 32, 10, 20, 30, 40, 50, 60, 64, 128)}
     assert set(options("method")) >= {"ar", "sparsespec", "sparsespec_fixed"}
     assert set(options("logger")) == {"wandb", "none"}
@@ -213,6 +213,9 @@ def test_budget_beyond_the_context_is_accepted(hydra_conf):
     (["prefill_memo_gb=-1"], "prefill_memo_gb=-1 must be a number of GiB >= 0"),
     (["prefill_memo_gb=lots"], "prefill_memo_gb='lots' must be a number of GiB >= 0"),
     (["task.source=longbench", "task.path=no/such/folder"], "task.path=no/such/folder does not exist"),
+    (["task=retrieval", "task.variant=needle"], "task.variant='needle' is unknown; accepted: mixed, niah_single"),
+    (["task=retrieval", "task.depth=1.5"], "task.depth=1.5 must be a number from 0 to 1"),
+    (["task=retrieval", "task.source=longbench"], "task.source='longbench' has no retrieval task"),
 ])
 def test_bad_values_are_named(hydra_conf, overrides, fragment):
     with pytest.raises(ConfigError, match=None) as info:
@@ -288,6 +291,13 @@ def matrix_chunks() -> dict[str, list[str]]:
     return chunks
 
 
+def test_only_the_retrieval_task_passes_its_variant_and_depth_to_the_loader(hydra_conf):
+    from sparsespec.harness.runner import task_options
+    assert task_options(make("task=retrieval")) == {"variant": "mixed"}
+    assert task_options(make("task=retrieval", "task.variant=qa", "task.depth=0.3")) == {"variant": "qa", "depth": 0.3}
+    assert task_options(make("task=qa")) == {}
+
+
 def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_path):
     from sparsespec.harness import runner
     chunks = matrix_chunks()
@@ -300,3 +310,7 @@ def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_pat
         # what the claims need in every chunk: the controller beside fixed k, and recycled top-K at
         # streaming's and SnapKV's k=4 (analysis/claims.py SAME_K_RECYCLED)
         assert {"sparsespec", "sparsespec_fixed:k=4", "streaming", "snapkv_static"} <= set(cfg.bench.methods), name
+    # every chunk sweeps the retrieval task too: where a recent window must miss the evidence
+    tasks = OmegaConf.load(CONF / "experiment" / "matrix_cpu.yaml").hydra.sweeper.params.task.split(",")
+    assert set(tasks) == {"summarization", "qa", "code", "retrieval"}
+    check_config(make("experiment=matrix_cpu", "task=retrieval", *chunks["qwen_32k"]))

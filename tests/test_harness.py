@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE_KEYS = {"prompt_id", "model", "task", "source", "method", "ctx", "context_tokens", "new_tokens",
                "prefill_s", "decode_s", "tokens_per_s", "mean_accepted", "acceptance_rate", "time_split",
                "rounds", "ar_tokens_per_s", "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar",
-               "text", "reference", "score"}
+               "text", "reference", "score", "depth"}
 METRIC_KEYS = {"n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",
                "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high", "mean_accepted", "acceptance_rate",
                "prefill_s_mean", "decode_s_mean", "outputs_match_ar", "score_mean", "c_ar_s", "c_draft_s",
@@ -114,13 +114,14 @@ def test_samples_and_pooled_metrics():
     gen = fake_gen([1] * 7, [(4, 3), (4, 1)], decode_s=2.0)     # 6 decode tokens in 2 s
     ref = fake_gen([1] * 7, [(0, 0)] * 6, decode_s=6.0)          # AR: 6 tokens in 6 s
     a = build_sample(prompt=prompt, gen=gen, ref=ref, names=names, ctx=100, text="t", score=None, greedy=True)
-    prompt = SimpleNamespace(id="p1", reference="r")
+    prompt = SimpleNamespace(id="p1", reference="r", meta={"depth": 0.3})
     gen2 = fake_gen([1] * 5, [(4, 3)], decode_s=1.0)             # 4 decode tokens in 1 s
     ref2 = fake_gen([2] * 5, [(0, 0)] * 4, decode_s=2.0)
     b = build_sample(prompt=prompt, gen=gen2, ref=ref2, names=names, ctx=100, text="t", score=0.5, greedy=True)
     assert set(a) == SAMPLE_KEYS
     assert a["speedup_vs_ar"] == pytest.approx(3.0) and a["outputs_match_ar"] is True
     assert b["speedup_vs_ar"] == pytest.approx(2.0) and b["outputs_match_ar"] is False
+    assert a["depth"] is None and b["depth"] == 0.3                  # the prompt's evidence depth, when it has one
     m = aggregate([a, b])
     assert set(m) == METRIC_KEYS
     assert m["tokens_per_s"] == pytest.approx(10 / 3)            # pooled: 10 tokens / 3 s

@@ -128,13 +128,14 @@ def check_method_options(method: str, options: dict) -> None:
     resolved_options(method, options)
 
 
-def check_task(task: str, source: str) -> None:
-    from sparsespec.tasks import SOURCES, TASKS
+def check_task(task: str, source: str, variant: str | None = None, depth: float | None = None) -> None:
+    from sparsespec.tasks import SOURCES, TASKS, check_task_options
 
     if task not in TASKS:
         raise ConfigError(f"task.name={task!r} is unknown; accepted: {', '.join(TASKS)}")
     if source not in SOURCES:
         raise ConfigError(f"task.source={source!r} is unknown; accepted: {', '.join(SOURCES)}")
+    check_task_options(task, source, variant, depth)
 
 
 def check_task_path(path: str | None) -> None:
@@ -162,7 +163,7 @@ def make_output_folder(key: str, path) -> Path:
 def check_config(cfg: DictConfig) -> None:
     """Everything that can be checked without loading the model or the prompts."""
     check_numbers(cfg)
-    check_task(cfg.task.name, cfg.task.source)
+    check_task(cfg.task.name, cfg.task.source, cfg.task.get("variant"), cfg.task.get("depth"))
     check_task_path(cfg.task.path)
     device_name(cfg.device)
     check_context_fits(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.max_context)

@@ -91,6 +91,7 @@ def build_sample(*, prompt, gen, ref, names: dict, ctx: int, text: str, score: f
         "text": text,
         "reference": prompt.reference,
         "score": score,
+        "depth": getattr(prompt, "meta", {}).get("depth"),   # where the evidence sits (retrieval, qa), else None
     }
 
 

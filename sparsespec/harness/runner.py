@@ -202,6 +202,11 @@ def resume_settings(cfg: DictConfig, device: str) -> dict:
 # loading
 
 
+def task_options(cfg: DictConfig) -> dict:
+    """The options only some tasks have (retrieval's variant and depth), as far as the task file sets them."""
+    return {key: cfg.task.get(key) for key in ("variant", "depth") if cfg.task.get(key) is not None}
+
+
 def load_inputs(cfg: DictConfig, device: str):
     """(model, tokenizer, prompts), with a progress bar over the two loads."""
     from sparsespec.models import load_model, max_context
@@ -217,7 +222,7 @@ def load_inputs(cfg: DictConfig, device: str):
         fill = {} if cfg.task.min_fill is None else {"min_fill": cfg.task.min_fill}
         prompts = load_prompts(cfg.task.name, source=cfg.task.source, tokenizer=tokenizer,
                                context_tokens=cfg.ctx, num_prompts=cfg.num_prompts, seed=cfg.seed,
-                               path=cfg.task.path, subset=cfg.task.subset, **fill)
+                               path=cfg.task.path, subset=cfg.task.subset, **fill, **task_options(cfg))
         bar.update()
     if not prompts:
         raise ConfigError(f"task {cfg.task.name} (source={cfg.task.source}) produced no prompts at ctx={cfg.ctx}")
