@@ -50,7 +50,8 @@ def read_answer(text: str, variant: str) -> list[str]:
     if variant == "variable_tracking":
         value = re.search(r"assigned the value (\d+) ", question).group(1)
         chain = dict(re.findall(r"^VAR ([A-Z]+) = (.+)$", text, re.MULTILINE))
-        holds = lambda name: chain[name] == value or (chain[name].startswith("VAR ") and holds(chain[name][4:]))  # noqa: E731
+        def holds(name: str) -> bool:                                       # follows the chain back to a number
+            return chain[name] == value or (chain[name].startswith("VAR ") and holds(chain[name][4:]))
         return [name for name in chain if holds(name)]
     if variant == "qa":
         module, summary = re.search(r"module (\S+) is documented as \"(.+)\"\?$", question).groups()
@@ -115,6 +116,21 @@ def test_evidence_sits_at_the_stated_depth(tokenizer, variant, depth, ctx, off):
     for line, recorded in zip(prompt.meta["evidence"], depths):
         before, total = haystack_tokens_before(tokenizer, prompt, line)
         assert abs(before / total - recorded) <= 0.01
+
+
+@pytest.mark.parametrize("depth", [0.0, 1.0])
+def test_evidence_at_the_very_start_or_end_stays_a_line_of_its_own(tokenizer, depth):
+    for variant in VARIANTS:
+        prompt = retrieval(tokenizer, ctx=1000, n=1, variant=variant, depth=depth)[0]
+        text = tokenizer.decode(prompt.input_ids)
+        assert ", ".join(read_answer(text, variant)) == prompt.reference
+        assert prompt.meta["depth"] == depth
+        body = text.split("\n\n", 1)[1]
+        evidence = prompt.meta["evidence"]
+        if depth == 0.0:
+            assert body.startswith(evidence[0] + "\n")
+        else:                                         # every needed line last, in order, before the question
+            assert "\n" + "\n".join(evidence) + "\n\n" in body
 
 
 def test_default_depths_cycle_from_10_to_90_percent_and_variants_take_turns(tokenizer):

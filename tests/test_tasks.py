@@ -346,7 +346,7 @@ def test_real_tokenizer_prompts(task, smollm2_tokenizer):
                 assert "\n".join(lines[:prompt.meta["line"] - 1]).endswith(text[-300:])
             else:  # SmolLM2's template adds its system prompt
                 assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
-                reply = text.rsplit("<|im_start|>assistant\n", 1)[1]   # retrieval starts the reply with its answer prefix
+                reply = text.rsplit("<|im_start|>assistant\n", 1)[1]   # retrieval's starts with its answer prefix
                 assert reply == "" or (task == "retrieval" and reply.endswith(("is", "are", "they are:", "Answer:")))
             if task == "qa":
                 assert f"\n{prompt.reference}\n" in text and prompt.meta["sentence"] in " ".join(text.split())

@@ -28,6 +28,7 @@ import functools
 import random
 import re
 import string
+from collections import Counter
 from dataclasses import dataclass
 
 from sparsespec.errors import ConfigError
@@ -65,7 +66,7 @@ QA_PREFIX = "Answer:"
 
 
 @dataclass
-class Task:
+class PromptContent:
     """One prompt's content before sizing: the evidence to insert and what is asked."""
     inserts: list[tuple[float, str, bool]]   # (depth, line, whether the answer needs it), in insertion order
     before: str                              # instructions above the document
@@ -142,7 +143,7 @@ def documented_functions(relpath: str) -> tuple[tuple[str, str, str], ...]:
             if SUMMARY_WORDS[0] <= len(summary.split()) <= SUMMARY_WORDS[1] and summary.endswith(".") \
                     and '"' not in summary:
                 found.append((node.name, ast.unparse(node.args), summary))
-    counts = {summary: sum(f[2] == summary for f in found) for _, _, summary in found}
+    counts = Counter(summary for _, _, summary in found)
     return tuple(f for f in found if counts[f[2]] == 1)
 
 
@@ -155,39 +156,40 @@ def module_name(relpath: str) -> str:
 # The five families
 
 
-def niah_single(rng: random.Random, depth: float) -> Task:
+def niah_single(rng: random.Random, depth: float) -> PromptContent:
     key, = rng.sample(key_words(), 1)
     value, = magic_numbers(rng, 1)
-    return Task([(depth, NEEDLE.format(key=key, value=value), True)], NIAH_BEFORE,
+    return PromptContent([(depth, NEEDLE.format(key=key, value=value), True)], NIAH_BEFORE,
                 NIAH_QUESTION.format(key=key), NIAH_PREFIX.format(key=key), [value])
 
 
-def niah_multikey(rng: random.Random, depth: float) -> Task:
+def niah_multikey(rng: random.Random, depth: float) -> PromptContent:
     keys = rng.sample(key_words(), MULTIKEY_NEEDLES)
     values = magic_numbers(rng, MULTIKEY_NEEDLES)
     asked = [(depth, NEEDLE.format(key=keys[0], value=values[0]), True)]
     distractors = [(rng.uniform(0.0, 1.0), NEEDLE.format(key=k, value=v), False) for k, v in zip(keys[1:], values[1:])]
-    return Task(asked + distractors, NIAH_BEFORE, NIAH_QUESTION.format(key=keys[0]),
+    return PromptContent(asked + distractors, NIAH_BEFORE, NIAH_QUESTION.format(key=keys[0]),
                 NIAH_PREFIX.format(key=keys[0]), [values[0]])
 
 
-def niah_multivalue(rng: random.Random, depth: float) -> Task:
+def niah_multivalue(rng: random.Random, depth: float) -> PromptContent:
     key, = rng.sample(key_words(), 1)
     values = magic_numbers(rng, MULTIVALUE_VALUES)
     inserts = [(d, NEEDLE.format(key=key, value=v), True) for d, v in zip(spread(depth, MULTIVALUE_VALUES), values)]
-    return Task(inserts, NIAH_BEFORE, MULTIVALUE_QUESTION.format(key=key), MULTIVALUE_PREFIX.format(key=key), values)
+    return PromptContent(inserts, NIAH_BEFORE, MULTIVALUE_QUESTION.format(key=key), MULTIVALUE_PREFIX.format(key=key),
+                         values)
 
 
-def variable_tracking(rng: random.Random, depth: float) -> Task:
+def variable_tracking(rng: random.Random, depth: float) -> PromptContent:
     names = variable_names(rng, CHAIN_VARIABLES)
     value = str(rng.randrange(10_000, 100_000))
     lines = [f"VAR {names[0]} = {value}"] + [f"VAR {b} = VAR {a}" for a, b in zip(names, names[1:])]
     inserts = [(d, line, True) for d, line in zip(spread(depth, CHAIN_VARIABLES), lines)]
-    return Task(inserts, VT_BEFORE, VT_QUESTION.format(value=value),
+    return PromptContent(inserts, VT_BEFORE, VT_QUESTION.format(value=value),
                 VT_PREFIX.format(count=CHAIN_VARIABLES, value=value), names)
 
 
-def qa(rng: random.Random, depth: float) -> Task:
+def qa(rng: random.Random, depth: float) -> PromptContent:
     modules = sorted(stdlib_sources())
     rng.shuffle(modules)
     for relpath in modules[:QA_MODULE_TRIES]:
@@ -201,7 +203,7 @@ def qa(rng: random.Random, depth: float) -> Task:
     chosen = rng.sample(functions, QA_ENTRIES)
     entries = [f"{module}.{name}({signature}): {summary}" for name, signature, summary in chosen]
     inserts = [(depth, entries[0], True)] + [(rng.uniform(0.0, 1.0), entry, False) for entry in entries[1:]]
-    return Task(inserts, QA_BEFORE, QA_QUESTION.format(module=module, summary=chosen[0][2]), QA_PREFIX,
+    return PromptContent(inserts, QA_BEFORE, QA_QUESTION.format(module=module, summary=chosen[0][2]), QA_PREFIX,
                 [chosen[0][0]])
 
 
@@ -263,10 +265,10 @@ def retrieval_prompt(index: int, variant: str, depth: float, start: int, tokeniz
     in what the prompt holds), with `variant`'s evidence inserted; at most `context_tokens` tokens.
     meta["depth"] is the depth of the first line the answer needs, as RULER measures it: the fraction
     of the haystack's tokens (the real text, inserted lines not counted) before it."""
-    task = FAMILIES[variant](rng, depth)
-    wrap = lambda doc: task.before + doc + "\n\n" + task.question  # noqa: E731
-    evidence = "".join(line + "\n" for _, line, _ in task.inserts)
-    overhead = len(encode_with_prefix(tokenizer, wrap(evidence), task.answer_prefix))
+    content = FAMILIES[variant](rng, depth)
+    wrap = lambda doc: content.before + doc + "\n\n" + content.question  # noqa: E731
+    evidence = "".join(line + "\n" for _, line, _ in content.inserts)
+    overhead = len(encode_with_prefix(tokenizer, wrap(evidence), content.answer_prefix))
     budget = context_tokens - overhead
     if budget < MIN_DOCUMENT_TOKENS:
         raise ConfigError(f"context_tokens={context_tokens} is too small for a {variant} prompt: the instructions "
@@ -275,17 +277,17 @@ def retrieval_prompt(index: int, variant: str, depth: float, start: int, tokeniz
     spans = tokenizer(source, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     for _ in range(MAX_FIT_ROUNDS):
         haystack = source[:spans[min(budget, len(spans)) - 1][1]]
-        anchors, depths = anchors_at_depths(tokenizer, haystack, [d for d, _, _ in task.inserts])
-        document = insert_lines(haystack, anchors, [line for _, line, _ in task.inserts])
-        ids = encode_with_prefix(tokenizer, wrap(document), task.answer_prefix)
+        anchors, depths = anchors_at_depths(tokenizer, haystack, [d for d, _, _ in content.inserts])
+        document = insert_lines(haystack, anchors, [line for _, line, _ in content.inserts])
+        ids = encode_with_prefix(tokenizer, wrap(document), content.answer_prefix)
         if len(ids) <= context_tokens:
-            asked = [d for d, (_, _, needed) in zip(depths, task.inserts) if needed]
-            return Prompt(id=f"{index:03d}:{variant}:{depth:.2f}", input_ids=ids, reference=", ".join(task.answers),
+            needed = [is_needed for _, _, is_needed in content.inserts]
+            asked = [d for d, is_needed in zip(depths, needed) if is_needed]
+            return Prompt(id=f"{index:03d}:{variant}:{depth:.2f}", input_ids=ids, reference=", ".join(content.answers),
                           meta={"metric": "exact_match", "variant": variant, "depth": asked[0],
                                 "requested_depth": depth, "evidence_depths": asked,
-                                "distractor_depths": [d for d, (_, _, needed) in zip(depths, task.inserts)
-                                                      if not needed],
-                                "evidence": [line for _, line, needed in task.inserts if needed],
+                                "distractor_depths": [d for d, is_needed in zip(depths, needed) if not is_needed],
+                                "evidence": [line for _, line, needed in content.inserts if needed],
                                 "topics": topics, "truncated": len(haystack) < len(source)})
         budget -= len(ids) - context_tokens
     raise RuntimeError(f"could not fit the {variant} prompt into {context_tokens} tokens in {MAX_FIT_ROUNDS} rounds")
