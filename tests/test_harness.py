@@ -433,8 +433,9 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     (["task.source=arxiv"], "task.source='arxiv' is unknown"),
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
     (["method=ar", "+method.options.k=4"], "method 'ar' drafts nothing, so it takes no option(s) ['k']"),
+    (["task=retrieval", "task.variant=needle"], "task.variant='needle' is unknown; accepted: mixed, niah_single"),
 ], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-no-position",
-        "unknown-source", "unknown-option", "ar-controller-option"])
+        "unknown-source", "unknown-option", "ar-controller-option", "unknown-retrieval-variant"])
 def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
     result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(result, expected)
