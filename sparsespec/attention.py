@@ -123,9 +123,8 @@ def grouped_sdpa(query, key, value, scaling, mask=None) -> torch.Tensor:
 class ExplicitAttentionHook:
     """Verification of several tokens: attention from explicit probabilities in packed-GQA form.
 
-    Every speculative method verifies this way, so they all pay the same verification. It is also
-    the fast path on a CPU: SDPA with a mask over a long cache falls back to a slow kernel there
-    (SmolLM2, 5 queries over 8K: 623 ms for the whole verification against 152 ms this way).
+    Every speculative method verifies this way, so they all pay the same verification. It calls no
+    masked SDPA, whose CPU path over a long cache is a non-fused fallback kernel.
 
     `observer(layer_idx, probs)`, if given, sees each layer's probabilities (B, Hkv, G, q, N)."""
 

@@ -136,3 +136,12 @@ def harness_run(monkeypatch):
                                                "warmup=true", *overrides])
             return runner.run(cfg, folder)
     return run, model, prompts
+
+
+def slow_but(keep, cases):
+    """`cases` for parametrize, each one whose name is not in `keep` marked slow: `make test-fast` runs
+    the cheap cases kept, `make test` every case. A tuple case is named by its first element."""
+    keep = {keep} if isinstance(keep, str) else set(keep)
+    return [case if (case[0] if isinstance(case, tuple) else case) in keep
+            else pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+            for case in cases]

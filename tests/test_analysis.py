@@ -21,6 +21,7 @@ from analysis.load import COLUMNS, load_results, load_wandb, rows_from_wandb_run
 from analysis.metrics import auc, predicted_ratio, roc_curve
 from analysis.plots import FIGURES
 from analysis.tables import measured_costs, method_comparison, paper_vs_measured
+from conftest import slow_but
 from sparsespec.harness.results import aggregate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -573,7 +574,7 @@ def test_experiments_come_in_paper_and_cpu_scale_with_the_same_methods(compose_c
                 {k: v for k, v in paper_scale.items() if k.startswith("method.")}, name
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", slow_but("fixed_k_ablation_cpu", EXPERIMENTS))   # the others ~1-9 s each
 def test_every_swept_value_of_an_experiment_composes(compose_config, name):
     cfg = compose_config([f"experiment={name}"])
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"

@@ -76,6 +76,7 @@ def test_results_without_a_budgeted_draft_exit_with_one_line():
         selection.selection_samples(frame().assign(budget_frac=float("nan")))
 
 
+@pytest.mark.slow   # a harness sweep in-process
 def test_selection_command_reads_a_harness_budget_sweep(harness_run, tmp_path):
     run, _, _ = harness_run
     entries = ["sparsespec_fixed:k=3,budget=0.2", "streaming:k=3,budget=0.2",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sparsespec
-from conftest import ARCHS, build_tiny, random_prompt
+from conftest import ARCHS, build_tiny, random_prompt, slow_but
 from sparsespec import batch
 from sparsespec.errors import ConfigError
 from test_sampling import VOCAB, enumerate_outputs, model_distribution, total_variation
@@ -77,7 +77,7 @@ def test_batch_greedy_is_token_identical_to_ar_alone(references, arch, case):
     assert gens.tokens_per_s > 0 and gens.decode_s >= max(g.decode_s for g in gens) * 0.999
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", slow_but("llama", ARCHS))   # ~6-7 s an architecture
 def test_batch_from_shared_prefills_is_token_identical(references, arch):
     """Every batched method decoding from one shared prefill per prompt (what the harness's batch
     mode does) emits exactly what it emits after its own prefills, and what AR emits alone."""
@@ -222,11 +222,11 @@ def joint_distribution(model, prompts, method, **options) -> dict[tuple, float]:
     return enumerate_outputs(decode_once)
 
 
-@pytest.mark.parametrize("method,options", [
+@pytest.mark.parametrize("method,options", slow_but("pld", [   # each case but pld ~10-35 s of CPU
     ("sparsespec", dict(controller="fixed", k=2, sink=1, recent=2, topk=2, draft_weights="full")),
     ("layerskip", dict(k=2, exit_layer=1, draft_weights="full")),
     ("pld", dict(k=2)),
-    ("ar", {})])
+    ("ar", {})]))
 @torch.inference_mode()
 def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
     model = build_tiny("llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
@@ -240,6 +240,7 @@ def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
 
 # --- the harness: batch_size= --------------------------------------------------------------------
 
+@pytest.mark.slow   # whole harness runs in-process
 def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run, tmp_path):
     import json
     run, model, prompts = harness_run
@@ -266,6 +267,7 @@ def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run,
     assert [s["text"] for s in samples] == [" ".join(map(str, t)) for t in alone]
 
 
+@pytest.mark.slow   # whole harness runs in-process
 def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_batch(harness_run, tmp_path,
                                                                                       monkeypatch):
     import sparsespec.calibration as calibration
@@ -285,6 +287,7 @@ def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_b
     assert summaries["ar"]["run"]["cost_prior"] is None
 
 
+@pytest.mark.slow   # a harness sweep in-process
 def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(harness_run, tmp_path, monkeypatch,
                                                                                prefill_forwards):
     """prefill_memo_gb keeps the prompts' prefills from one run of the process to the next: the B=2
@@ -309,6 +312,7 @@ def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(ha
     assert len(forwards) == 7 + 2 + 4 and not runner.PREFILL_MEMO.kept   # 0 GiB: nothing kept, all prefilled
 
 
+@pytest.mark.slow   # a harness sweep in-process
 def test_batch_analysis_reads_a_sweep_over_batch_sizes(harness_run, tmp_path):
     """analysis.batch over B = 1 and 2 runs of the harness: one row per (B, method) with the runs'
     own speed-ups and bounds, the cost split, the figure, and the document block replaced."""
@@ -404,6 +408,7 @@ def test_lm_eval_model_generates_a_padded_batch_like_each_request_alone(referenc
         assert [g.tokens for g in lm._batch_generations[tuple(rows[b].tolist())]] == [ref[:10]]
 
 
+@pytest.mark.slow   # composes and resolves every cell of the experiment
 def test_bench_batch_experiment_cells_are_valid(tmp_path):
     from pathlib import Path
 

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 import sparsespec.harness.runner as runner
 from analysis.figures import main as figures_main
-from conftest import build_tiny, random_prompt
+from conftest import build_tiny, random_prompt, slow_but
 from sparsespec.errors import ConfigError
 from sparsespec.harness.results import aggregate
 
@@ -71,6 +71,7 @@ def read(folder: Path) -> tuple[dict, list[dict]]:
             [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()])
 
 
+@pytest.mark.slow   # a whole benchmark run in-process
 def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     run, calls = bench
     summaries = run(tmp_path / "cell")
@@ -103,6 +104,7 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     assert fixed["run"]["cost_prior"] is None
 
 
+@pytest.mark.slow   # a whole benchmark run in-process
 def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, tmp_path, prefill_forwards):
     """One prefill a prompt, the profile included: it used to prefill the first prompt a second time
     (9 min a task at 32K on Qwen here)."""
@@ -161,7 +163,8 @@ def test_a_bad_method_entry_is_one_line_naming_it(entry, names):
     assert "\n" not in str(error.value) and entry in str(error.value)
 
 
-@pytest.mark.parametrize("name", ["bench_cpu", "bench_cpu_qwen", "bench_gpu", "matrix_cpu", "bench_batch_cpu"])
+@pytest.mark.parametrize("name", slow_but("matrix_cpu", ["bench_cpu", "bench_cpu_qwen", "bench_gpu", "matrix_cpu",
+                                                        "bench_batch_cpu"]))   # the others ~2-8 s each
 def test_bench_experiments_list_methods_that_run_at_their_contexts(name, tmp_path):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)

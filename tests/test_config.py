@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from conftest import slow_but
 from sparsespec.method_options import option_names, resolve
 from sparsespec.errors import ConfigError
 from sparsespec.harness.checks import (check_config, context_warnings, device_name, method_options, model_spec,
@@ -76,7 +77,7 @@ def with_ctx(cfg, ctx: int):
     return cfg
 
 
-@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("model", slow_but("smollm2_135m", options("model")))   # ~4-8 s a model
 def test_every_combination_composes(hydra_conf, model):
     """model x task x ctx x method, one model's share per test. Hydra composes each model x task x
     method; a ctx file sets the one key `ctx` and nothing else (test above), so the ctx axis is that
@@ -298,6 +299,7 @@ def test_only_the_retrieval_task_passes_its_variant_and_depth_to_the_loader(hydr
     assert task_options(make("task=qa")) == {}
 
 
+@pytest.mark.slow   # composes every chunk of the matrix (~10 s)
 def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_path):
     from sparsespec.harness import runner
     chunks = matrix_chunks()

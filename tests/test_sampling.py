@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sparsespec
-from conftest import build_tiny, random_prompt
+from conftest import build_tiny, random_prompt, slow_but
 from sparsespec import sampling
 from sparsespec.decode import decode, sparsespec_attention
 from sparsespec.method_options import resolve
@@ -203,7 +203,7 @@ def tiny_vocab():
     return model, prompt, model_distribution(model, prompt)
 
 
-@pytest.mark.parametrize("method", ["ar", *DRAFTING])
+@pytest.mark.parametrize("method", slow_but(("ar", "sparsespec", "pld"), ["ar", *DRAFTING]))   # the others ~4-6 s each
 def test_loop_emits_exactly_the_model_distribution(tiny_vocab, method):
     """The joint distribution of the first 4 tokens (so every position's marginal) is the model's."""
     model, prompt, exact = tiny_vocab

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sparsespec
-from conftest import ARCHS, build_tiny, random_prompt
+from conftest import ARCHS, build_tiny, random_prompt, slow_but
 from sparsespec import ConfigError
 from sparsespec.decode import sparsespec_attention
 from sparsespec.methods import METHODS
@@ -98,7 +98,7 @@ def test_a_prefill_serves_one_generate_of_its_own_method():
 
 # --- prefills kept across calls (PrefillMemo) --------------------------------------------------
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", slow_but("mistral", ARCHS))   # ~6-8 s an architecture
 def test_a_kept_prefill_replays_the_observers_exactly(arch, prefill_forwards):
     """A prefill served by the memo runs no forward, and every method decodes from it exactly as from
     its own prefill: the same tokens and (untimed controllers) the same accepted drafts each round, so
