@@ -8,12 +8,11 @@ import torch
 def target_logits(model, **inputs) -> torch.Tensor:
     """(B, q, V) logits at every position of `inputs`.
 
-    For a plain linear LM head they are computed as (W @ h^T)^T: for a handful of rows, CPU BLAS
-    runs h @ W^T (what nn.Linear does) ~2.5x slower (SmolLM2's head, 5 rows: 18 vs 6.4 ms). The
-    batch's rows are folded into one (D, B*q) matrix so W is read once: the broadcast (V, D) @ (B, D, q)
-    form took 2.6x as long at B = 8, q = 5 on Qwen's 151936 x 896 head (292 vs 112 ms,
-    experiments/batch_step_cost.py). Heads with soft-capping, logit scales or a bias go through the
-    model's own forward."""
+    For a plain linear LM head they are computed as (W @ h^T)^T, which CPU BLAS runs faster than
+    h @ W^T (what nn.Linear does) for a handful of rows. The batch's rows are folded into one
+    (D, B*q) matrix so W is read once, instead of once per row as the broadcast (V, D) @ (B, D, q)
+    form does (experiments/batch_step_cost.py measures both). Heads with soft-capping, logit scales
+    or a bias go through the model's own forward."""
     head = model.get_output_embeddings()
     config = model.config.get_text_config()
     plain = (type(head) is torch.nn.Linear and head.bias is None
