@@ -282,6 +282,37 @@ def test_wandb_online_without_login_falls_back_to_offline(tmp_path, monkeypatch,
     assert isinstance(make_tracker({"name": "none"}, config={}, folder=tmp_path, name="n", group=None), Tracker)
 
 
+def test_wandb_disabled_is_no_tracker_and_not_one_line(tmp_path, monkeypatch, caplog):
+    """WANDB_MODE=disabled: no W&B run is started, so nothing is said about one and no save can fail."""
+    import sparsespec.harness.tracking as tracking
+
+    monkeypatch.setattr(tracking, "_start_wandb", lambda *a, **k: pytest.fail("W&B started while disabled"))
+    caplog.set_level("DEBUG")
+    tracker = make_tracker({"name": "wandb", "mode": "disabled", "project": "p"}, config={}, folder=tmp_path,
+                           name="n", group=None)
+    assert type(tracker) is Tracker and tracker.folder is None
+    tracker.save_files([tmp_path / "samples.jsonl"])
+    assert not [r for r in caplog.records if "W&B" in r.getMessage() or "wandb" in r.getMessage().lower()]
+
+
+@pytest.mark.parametrize("alias, mode", [("dryrun", "offline"), ("run", "online")])
+def test_wandbs_older_mode_names_are_its_current_ones(hydra_conf, monkeypatch, tmp_path, alias, mode):
+    import sparsespec.harness.tracking as tracking
+    from sparsespec.harness.checks import check_config
+
+    monkeypatch.setenv("WANDB_MODE", alias)
+    check_config(make())                                          # accepted, not "is unknown"
+    started = []
+    monkeypatch.setattr(tracking, "_has_login", lambda: True)
+    monkeypatch.setattr(tracking, "_start_wandb", lambda options, mode, **k: started.append(mode) or SimpleNamespace(
+        dir=str(tmp_path / "run" / "files"), url=None, define_metric=lambda *a, **kw: None))
+    make_tracker({"name": "wandb", "mode": alias}, config={}, folder=tmp_path, name="n", group=None)
+    assert started == [mode]
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="logger.mode='sometimes' is unknown; accepted: offline, online, disabled"):
+        check_config(make())
+
+
 def test_sweep_lines_report_results_and_errors(tmp_path):
     (tmp_path / "0_a").mkdir()
     (tmp_path / "0_a" / "summary.json").write_text(json.dumps(
