@@ -23,7 +23,7 @@ LABELLED_BY_ANALYSIS = ("k", "budget")
 
 
 def conf_method_names() -> list[str]:
-    """The names `method=` accepts: the conf/method files."""
+    """The names `method=` accepts: the conf/method files (`python -m sparsespec.methods` lists each)."""
     return sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
 
 
