@@ -246,6 +246,62 @@ def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_pat
     assert len(read_samples(tmp_path)) == 2
 
 
+def folder_contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_output_folder_is_claimed_before_hydra_writes_into_it(tmp_path):
+    """run.py's OutputFolderCheck takes the folder's lock in on_run_start, before Hydra writes
+    `.hydra/`: a run refused there changes nothing in the holder's folder; the claiming run's own
+    hold finds the lock its own, and on_run_end frees it."""
+    from filelock import FileLock, Timeout
+    from omegaconf import OmegaConf
+
+    from sparsespec.harness.callbacks import OutputFolderCheck
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- method=ar\n")
+    cfg = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path)}}})
+    with hold_folder(tmp_path):
+        before = folder_contents(tmp_path)
+        with pytest.raises(SystemExit) as exit_:
+            OutputFolderCheck().on_run_start(cfg)
+        assert exit_.value.code == 2 and folder_contents(tmp_path) == before
+    check = OutputFolderCheck()
+    check.on_run_start(cfg)
+    try:
+        with pytest.raises(Timeout):                               # claimed: nobody else gets it
+            FileLock(tmp_path / LOCK_FILE).acquire(timeout=0)
+        with hold_folder(tmp_path):                                # but the claiming run's own hold does
+            pass
+    finally:
+        check.on_run_end(cfg)
+    with hold_folder(tmp_path):                                    # released
+        pass
+
+
+@pytest.mark.slow   # starts a subprocess
+def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp_path):
+    code = ("import sys, time\n"
+            "from sparsespec.harness.folder_lock import hold_folder\n"
+            "with hold_folder(sys.argv[1]):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(600)\n")
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- method=ar\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=cli_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = folder_contents(tmp_path)
+        result = cli(tmp_path.parent, *QUICK, "method=sparsespec", f"hydra.run.dir={tmp_path}", timeout=120)
+        assert_one_line_error(result, f"is in use by another run (pid {holder.pid} on")
+        assert folder_contents(tmp_path) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 @pytest.mark.slow
 def test_the_lock_of_a_killed_run_does_not_block_its_resume(tmp_path):
     """filelock's FileLock is an flock: the kernel drops it with its process, even on SIGKILL."""
