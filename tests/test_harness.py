@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import struct
@@ -483,6 +484,52 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
 
     changed = cli(tmp_path, *args, "max_new_tokens=9")
     assert changed.returncode == 2 and "max_new_tokens: 8 -> 9" in changed.stderr
+
+
+def test_an_interrupted_run_counts_what_it_kept_and_says_how_to_resume(tmp_path):
+    from sparsespec.harness.interrupted import interrupted_line
+
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "ar" / "samples.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3, "cut sh')   # the last line never finished
+    (tmp_path / "pld").mkdir()
+    (tmp_path / "pld" / "samples.jsonl").write_text('{"a": 1}\n')
+    line = interrupted_line("run.py", ["ctx=300", "hydra.run.dir=old", "bench.methods=[pld]"], tmp_path, False)
+    assert line == (f"interrupted: 3 finished samples kept in {tmp_path}; resume with: python run.py ctx=300 "
+                    f"'bench.methods=[pld]' hydra.run.dir={tmp_path}")
+    line = interrupted_line("run.py", ["-m", "method=ar,pld", "hydra.sweep.dir=x"], tmp_path / "none", True)
+    assert line.endswith(f"0 finished samples kept in {tmp_path / 'none'}; resume with: python run.py -m "
+                         f"method=ar,pld hydra.sweep.dir={tmp_path / 'none'}")
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_ctrl_c_is_one_line_exit_130_and_its_command_resumes(tmp_path):
+    """SIGINT after the first sample: no traceback, exit 130, one line with the samples kept and the
+    command that resumes; that command finishes the run without redoing or losing a sample."""
+    args = [*QUICK, "num_prompts=3"]
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not any(p.read_text().endswith("\n") for p in tmp_path.rglob("samples.jsonl")):
+        assert proc.poll() is None, "the run ended before its first prompt was written"
+        assert time.monotonic() < deadline, "no prompt finished within 240 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("interrupted: ")]
+    [samples_path] = tmp_path.rglob("samples.jsonl")
+    kept = samples_path.read_text()
+    assert f"interrupted: {kept.count(chr(10))} finished sample" in line and kept.count("\n") < 3
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[:2] == ["python", str(REPO / "run.py")] and command[-1] == f"hydra.run.dir={samples_path.parent}"
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, env=cli_env(), capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = samples_path.read_text()
+    assert after.startswith(kept) and len({s["prompt_id"] for s in read_samples(samples_path.parent)}) == 3 == \
+        after.count("\n")
 
 
 @pytest.mark.real_model
