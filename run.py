@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from sparsespec.errors import ConfigError, UnavailableError, exit_with_error, one_line
 from sparsespec.harness.callbacks import ERROR_FILE
 from sparsespec.harness.contexts import exact_context_overrides
+from sparsespec.harness.option_overrides import check_option_overrides
 from sparsespec.harness.interrupted import EXIT_INTERRUPTED, interrupted_line
 
 log = logging.getLogger("run")
@@ -62,4 +63,8 @@ def record_job_error(folder: Path, summary: str, details: str = "") -> None:
 
 if __name__ == "__main__":
     sys.argv[1:] = exact_context_overrides(sys.argv[1:])
+    try:
+        check_option_overrides(sys.argv[1:])
+    except ConfigError as err:
+        exit_with_error(err)
     main()

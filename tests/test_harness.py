@@ -558,6 +558,17 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow   # starts a subprocess
+def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "run.py"), "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, env=cli_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("method_options")]
+    assert any(line.startswith("method: ar, ") and "sparsespec_fixed" in line for line in lines)
+    assert "python -m sparsespec.methods [method] lists every option" in result.stdout
+
+
+@pytest.mark.slow   # starts a subprocess
 @pytest.mark.parametrize("overrides, expected", [
     (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["model=llama3_8b", "ctx=1k"], "hf download meta-llama/Meta-Llama-3-8B-Instruct"),
@@ -566,8 +577,11 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     (["task.source=arxiv"], "task.source='arxiv' is unknown"),
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
     (["method=ar", "+method.options.k=4"], "method 'ar' drafts nothing, so it takes no option(s) ['k']"),
+    (["-m", "method=ar,sparsespec", "method.options.budget=0.05"],
+     "method=ar has no option 'budget' (it takes no options); to set it only where it exists, compare the "
+     "methods in one run: 'bench.methods=[\"sparsespec:budget=0.05\"]'"),
 ], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-no-position",
-        "unknown-source", "unknown-option", "ar-controller-option"])
+        "unknown-source", "unknown-option", "ar-controller-option", "sweep-option-one-method-lacks"])
 def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
     result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(result, expected)
