@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 from sparsespec.errors import ConfigError, UnavailableError, exit_with_error, one_line
 from sparsespec.harness.callbacks import ERROR_FILE
 from sparsespec.harness.contexts import exact_context_overrides
-from sparsespec.harness.option_overrides import check_option_overrides
 from sparsespec.harness.interrupted import EXIT_INTERRUPTED, interrupted_line
+from sparsespec.harness.option_overrides import check_option_overrides
 
 log = logging.getLogger("run")
 ARGUMENTS = sys.argv[1:]   # as typed (before the ctx rewrite below): what an interrupted run's resume repeats
