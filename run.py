@@ -18,21 +18,29 @@ from omegaconf import DictConfig
 from sparsespec.errors import ConfigError, UnavailableError, exit_with_error, one_line
 from sparsespec.harness.callbacks import ERROR_FILE
 from sparsespec.harness.contexts import exact_context_overrides
+from sparsespec.harness.interrupted import EXIT_INTERRUPTED, interrupted_line
+from sparsespec.harness.option_overrides import check_option_overrides
 
 log = logging.getLogger("run")
+ARGUMENTS = sys.argv[1:]   # as typed (before the ctx rewrite below): what an interrupted run's resume repeats
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
-    from sparsespec.harness.runner import run  # torch & co. load only once Hydra has parsed the command line
-
     hydra_cfg = HydraConfig.get()
     folder = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     sweep = Path(hydra_cfg.sweep.dir)
     (folder / ERROR_FILE).unlink(missing_ok=True)   # a re-run of a failed sweep job starts clean
     try:
+        from sparsespec.harness.runner import run  # torch & co. load only once Hydra has parsed the command line
+
         return run(cfg, folder, group=f"{sweep.parent.name}_{sweep.name}" if multirun else None)
+    except KeyboardInterrupt:
+        # every finished sample is already on disk; the same command into the same folder resumes
+        print(interrupted_line(sys.argv[0], ARGUMENTS, sweep.resolve() if multirun else folder, multirun),
+              file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
     except (ConfigError, UnavailableError) as err:
         if not multirun:
             exit_with_error(err)
@@ -55,4 +63,8 @@ def record_job_error(folder: Path, summary: str, details: str = "") -> None:
 
 if __name__ == "__main__":
     sys.argv[1:] = exact_context_overrides(sys.argv[1:])
+    try:
+        check_option_overrides(sys.argv[1:])
+    except ConfigError as err:
+        exit_with_error(err)
     main()

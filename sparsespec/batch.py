@@ -82,9 +82,7 @@ def prompts_of(input_ids, attention_mask, as_prompt) -> list[torch.Tensor]:
     if isinstance(input_ids, (list, tuple)):
         if attention_mask is not None:
             raise ConfigError("attention_mask goes with padded (B, L) input_ids, not with a list of prompts")
-        if not input_ids:
-            raise ConfigError("input_ids is an empty list; pass at least one prompt")
-        return [as_prompt(ids) for ids in input_ids]
+        return [as_prompt(non_empty(ids, f"prompt {row} of the batch is empty")) for row, ids in enumerate(input_ids)]
     ids = torch.as_tensor(input_ids)
     if ids.dim() != 2:
         raise ConfigError(f"batched input_ids must be (B, L) with an attention_mask; got shape {tuple(ids.shape)}")
@@ -93,7 +91,16 @@ def prompts_of(input_ids, attention_mask, as_prompt) -> list[torch.Tensor]:
     mask = torch.as_tensor(attention_mask)
     if mask.shape != ids.shape:
         raise ConfigError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape {tuple(ids.shape)}")
-    return [as_prompt(row[m.to(ids.device).bool()]) for row, m in zip(ids, mask)]
+    return [as_prompt(non_empty(row[m.to(ids.device).bool()], f"attention_mask row {b} is all zeros: the mask "
+                                f"leaves prompt {b} of the batch empty"))
+            for b, (row, m) in enumerate(zip(ids, mask))]
+
+
+def non_empty(prompt, problem: str):
+    """`prompt` when it holds a token, else a ConfigError saying `problem`."""
+    if torch.as_tensor(prompt).numel() == 0:
+        raise ConfigError(problem + "; each prompt needs at least one token")
+    return prompt
 
 
 # --- the batch cache ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from . import attention, batch
+from .call_checks import check_seed, warn_past_positions
 from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
@@ -141,6 +142,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
         raise ConfigError(f"temperature={temperature!r} must be a finite number >= 0 (0 means greedy)")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be a number in (0, 1]")
+    check_seed(seed)
     device = next(model.parameters()).device
     if batch.is_batch(input_ids, attention_mask):
         return generate_batch(model, input_ids, attention_mask, method=method, max_new_tokens=max_new_tokens,
@@ -153,6 +155,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
                                   128 if max_new_tokens is None else max_new_tokens, method_options)
     else:
         check_prefilled(prefilled, prompt, method, max_new_tokens, method_options)
+    warn_past_positions(model, prompt.numel(), prefilled.max_new_tokens)
     if cost_prior is not None:
         prefilled.controller.use_cost_prior(cost_prior)
 
@@ -189,6 +192,7 @@ def generate_batch(model, input_ids, attention_mask, *, method, max_new_tokens, 
         method, max_new_tokens = prefilled[0].method, prefilled[0].max_new_tokens
     method = method or "sparsespec"
     max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
+    warn_past_positions(model, max(p.numel() for p in prompts), max_new_tokens)
     device = prompts[0].device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)

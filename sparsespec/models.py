@@ -345,8 +345,26 @@ def build_atomically(folder: Path, build: Callable[[Path], None], subdir: str) -
             return folder
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.tmp-") as tmp:
             build(Path(tmp))
+            modes_as_created(Path(tmp) / subdir)
             os.rename(Path(tmp) / subdir, folder)
     return folder
+
+
+def modes_as_created(folder: Path) -> None:
+    """Give `folder` and everything in it the modes a plain new file or folder gets under the umask
+    (files 0666, folders 0777, less the umask): writers that go through a private temporary file
+    (safetensors) leave 0600, which a group-shared cache cannot read."""
+    umask = current_umask()
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it; it is put straight back)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 @contextlib.contextmanager

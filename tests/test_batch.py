@@ -199,8 +199,12 @@ def test_bad_batch_inputs_are_one_line_errors(references):
                             method="ar", max_new_tokens=2)
     with pytest.raises(ConfigError, match="non-empty prompt"):     # an empty list is an empty prompt
         sparsespec.generate(model, [], method="ar", max_new_tokens=2)
-    with pytest.raises(ConfigError, match="non-empty prompt"):
+    with pytest.raises(ConfigError, match="prompt 1 of the batch is empty"):
         sparsespec.generate(model, [prompts[0], torch.ones(0, dtype=torch.long)], method="ar", max_new_tokens=2)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1] = 0
+    with pytest.raises(ConfigError, match="attention_mask row 1 is all zeros: the mask leaves prompt 1 of the batch empty"):
+        sparsespec.generate(model, torch.ones(2, 5, dtype=torch.long), attention_mask=mask, method="ar", max_new_tokens=2)
     assert isinstance(sparsespec.generate(model, [5, 6, 7], method="ar", max_new_tokens=2), sparsespec.Generation)
     with pytest.raises(ConfigError, match="compile_draft"):
         sparsespec.generate(model, prompts[:2], method="sparsespec", compile_draft=True, max_new_tokens=2)

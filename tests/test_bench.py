@@ -145,13 +145,36 @@ def test_method_entries_take_options_and_are_checked(tmp_path):
             ("sparsespec", "sparsespec_fixed recent=32,draft_weights=full", 8, 32, "full")
         assert runner.method_node("hf_pld:prompt_lookup_num_tokens=5").options.prompt_lookup_num_tokens == 5
         cfg = compose("config", overrides=["bench.methods=['streaming:bogus=1']"])
-        bad = runner.method_runs(cfg, tmp_path)[1]
         with pytest.raises(ConfigError, match="bogus"):
-            runner.check_method_run(bad)
+            runner.method_runs(cfg, tmp_path)
         cfg = compose("config", overrides=["bench.methods=['hf_generate:colour=2']"])
         with pytest.raises(ConfigError, match="colour"):
-            runner.check_method_run(runner.method_runs(cfg, tmp_path)[1])
+            runner.method_runs(cfg, tmp_path)
     assert runner.entry_folder("sparsespec_fixed:k=4,recent=128") == "sparsespec_fixed-k=4-recent=128"
+
+
+def test_entries_that_resolve_alike_are_decoded_once_into_one_folder(bench, tmp_path, capsys):
+    """`sparsespec:budget=0.5,` is `sparsespec:budget=0.5` again, and `sparsespec_fixed:budget=0.5`
+    is `sparsespec:controller=fixed,budget=0.5`: each pair is one entry, one folder, one sample a prompt."""
+    run, calls = bench
+    summaries = run(tmp_path / "cell", "cost_profile=false", "bench.methods=['sparsespec:budget=0.5',"
+                    "'sparsespec:budget=0.5,','sparsespec_fixed:budget=0.5','sparsespec:controller=fixed,budget=0.5']")
+    kept = ["ar", "sparsespec:budget=0.5", "sparsespec_fixed:budget=0.5"]
+    assert list(summaries) == kept and [c[2] for c in calls] == [kept] * 2
+    assert sorted(p.name for p in (tmp_path / "cell").iterdir() if p.is_dir()) == \
+        ["ar", "sparsespec-budget=0.5", "sparsespec_fixed-budget=0.5"]
+    for folder in ("sparsespec-budget=0.5", "sparsespec_fixed-budget=0.5"):
+        assert [s["prompt_id"] for s in read(tmp_path / "cell" / folder)[1]] == ["p0", "p1"]
+    said = [line for line in capsys.readouterr().err.splitlines() if "decoded once" in line]
+    assert len(said) == 2 and "'sparsespec:budget=0.5,' is 'sparsespec:budget=0.5' again" in said[0]
+
+
+def test_different_entries_never_share_a_folder(tmp_path):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["bench.methods=['assisted:draft_model=truncated:1',"
+                                           "'assisted:draft_model=truncated/1']"])
+        with pytest.raises(ConfigError, match="differ but would share the folder .*assisted-draft_model=truncated-1"):
+            runner.method_runs(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("entry,names", [("sparsespc", "unknown method 'sparsespc'.*accepted: .*sparsespec_fixed"),

@@ -316,3 +316,44 @@ def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_pat
     tasks = OmegaConf.load(CONF / "experiment" / "matrix_cpu.yaml").hydra.sweeper.params.task.split(",")
     assert set(tasks) == {"summarization", "qa", "code", "retrieval"}
     check_config(make("experiment=matrix_cpu", "task=retrieval", *chunks["qwen_32k"]))
+
+
+def test_help_lists_every_group_a_user_picks_and_not_the_option_schema(hydra_conf):
+    template = compose(config_name="config", return_hydra_config=True).hydra.help.template
+    groups = {line.split(":")[0] for line in template.splitlines() if re.match(r"^[a-z]+: ", line)}
+    assert groups == {"ctx", "experiment", "logger", "method", "model", "task"}
+    assert f"method: {', '.join(options('method'))}" in template
+    assert "python -m sparsespec.methods" in template and "bench.methods=" in template
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["-m", "method=ar,sparsespec", "method.options.budget=0.05"],
+     ["method=ar has no option 'budget'", "it takes no options", """'bench.methods=["sparsespec:budget=0.05"]'"""]),
+    (["-m", "method=sparsespec,pld,streaming", "method.options.budget=0.1,0.2"],
+     ["method=pld has no option 'budget'", "its options: ", "max_ngram",
+      """'bench.methods=["sparsespec:budget=0.1","sparsespec:budget=0.2",pld,"streaming:budget=0.1","""
+      """"streaming:budget=0.2"]'"""]),
+    (["method.options.budgett=0.1"], ["method=sparsespec has no option 'budgett'", "budget, "]),
+])
+def test_an_option_a_chosen_method_lacks_is_one_line_pointing_to_bench_entries(arguments, words):
+    from sparsespec.harness.option_overrides import check_option_overrides
+
+    with pytest.raises(ConfigError) as err:
+        check_option_overrides(arguments)
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+    if len(words) == 2:                                  # no chosen method takes it: no benchmark to point to
+        assert "bench.methods" not in message
+
+
+@pytest.mark.parametrize("arguments", [
+    ["method.options.budget=0.05"], ["-m", "method=sparsespec,streaming", "method.options.budget=0.05,0.1"],
+    ["method=ar", "+method.options.k=4"],              # an added key: resolve() names the problem later
+    ["experiment=smoke", "method.options.k=4"],        # the experiment picks the method: left to Hydra
+    ["method=sparsespec_fixed", "method.options.k=12"], ["--help"], ["ctx=3000"]])
+def test_options_every_chosen_method_takes_pass(arguments):
+    from sparsespec.harness.option_overrides import check_option_overrides
+
+    check_option_overrides(arguments)

@@ -1,6 +1,8 @@
 """The API's contract: bad input gets one clear error; the cache rolls back; metrics add up."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -34,6 +36,8 @@ def model():
     (dict(method="layerskip", exit_layer=0), ["exit_layer=0", ">= 1"]),
     (dict(method="sparsespec", lookahead="maybe"), ["lookahead='maybe'", "predict"]),
     (dict(method="ar", temperature=-1.0), ["temperature=-1.0"]),
+    (dict(method="ar", temperature=0.5, seed="abc"), ["seed='abc'", "integer"]),
+    (dict(method="ar", seed=1.5), ["seed=1.5", "integer"]),
 ])
 def test_bad_input_raises_one_line_config_error(model, kwargs, words):
     kwargs.setdefault("max_new_tokens", 4)
@@ -43,6 +47,23 @@ def test_bad_input_raises_one_line_config_error(model, kwargs, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_a_prompt_past_the_models_positions_warns_once_per_model():
+    """max_position_embeddings=64: a 60-token prompt plus 8 new tokens runs past it; the second
+    call on the same model says nothing more, a prompt that fits says nothing at all."""
+    from sparsespec.call_checks import PastPositionsWarning
+
+    short = build_tiny("llama", max_position_embeddings=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparsespec.generate(short, random_prompt(40), method="ar", max_new_tokens=8)
+        assert not caught
+        sparsespec.generate(short, random_prompt(60), method="ar", max_new_tokens=8)
+        sparsespec.generate(short, [random_prompt(60)[0]] * 2, method="ar", max_new_tokens=8)
+    messages = [str(w.message) for w in caught if issubclass(w.category, PastPositionsWarning)]
+    assert len(messages) == 1
+    assert "60 tokens" in messages[0] and "max_position_embeddings=64" in messages[0]
 
 
 def test_batch_of_prompts_is_decoded_batched(model):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import struct
@@ -247,6 +248,62 @@ def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_pat
     assert len(read_samples(tmp_path)) == 2
 
 
+def folder_contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_output_folder_is_claimed_before_hydra_writes_into_it(tmp_path):
+    """run.py's OutputFolderCheck takes the folder's lock in on_run_start, before Hydra writes
+    `.hydra/`: a run refused there changes nothing in the holder's folder; the claiming run's own
+    hold finds the lock its own, and on_run_end frees it."""
+    from filelock import FileLock, Timeout
+    from omegaconf import OmegaConf
+
+    from sparsespec.harness.callbacks import OutputFolderCheck
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- method=ar\n")
+    cfg = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path)}}})
+    with hold_folder(tmp_path):
+        before = folder_contents(tmp_path)
+        with pytest.raises(SystemExit) as exit_:
+            OutputFolderCheck().on_run_start(cfg)
+        assert exit_.value.code == 2 and folder_contents(tmp_path) == before
+    check = OutputFolderCheck()
+    check.on_run_start(cfg)
+    try:
+        with pytest.raises(Timeout):                               # claimed: nobody else gets it
+            FileLock(tmp_path / LOCK_FILE).acquire(timeout=0)
+        with hold_folder(tmp_path):                                # but the claiming run's own hold does
+            pass
+    finally:
+        check.on_run_end(cfg)
+    with hold_folder(tmp_path):                                    # released
+        pass
+
+
+@pytest.mark.slow   # starts a subprocess
+def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp_path):
+    code = ("import sys, time\n"
+            "from sparsespec.harness.folder_lock import hold_folder\n"
+            "with hold_folder(sys.argv[1]):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(600)\n")
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- method=ar\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=cli_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = folder_contents(tmp_path)
+        result = cli(tmp_path.parent, *QUICK, "method=sparsespec", f"hydra.run.dir={tmp_path}", timeout=120)
+        assert_one_line_error(result, f"is in use by another run (pid {holder.pid} on")
+        assert folder_contents(tmp_path) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 @pytest.mark.slow
 def test_the_lock_of_a_killed_run_does_not_block_its_resume(tmp_path):
     """filelock's FileLock is an flock: the kernel drops it with its process, even on SIGKILL."""
@@ -281,6 +338,37 @@ def test_wandb_online_without_login_falls_back_to_offline(tmp_path, monkeypatch,
     finally:
         tracker.finish()
     assert isinstance(make_tracker({"name": "none"}, config={}, folder=tmp_path, name="n", group=None), Tracker)
+
+
+def test_wandb_disabled_is_no_tracker_and_not_one_line(tmp_path, monkeypatch, caplog):
+    """WANDB_MODE=disabled: no W&B run is started, so nothing is said about one and no save can fail."""
+    import sparsespec.harness.tracking as tracking
+
+    monkeypatch.setattr(tracking, "_start_wandb", lambda *a, **k: pytest.fail("W&B started while disabled"))
+    caplog.set_level("DEBUG")
+    tracker = make_tracker({"name": "wandb", "mode": "disabled", "project": "p"}, config={}, folder=tmp_path,
+                           name="n", group=None)
+    assert type(tracker) is Tracker and tracker.folder is None
+    tracker.save_files([tmp_path / "samples.jsonl"])
+    assert not [r for r in caplog.records if "W&B" in r.getMessage() or "wandb" in r.getMessage().lower()]
+
+
+@pytest.mark.parametrize("alias, mode", [("dryrun", "offline"), ("run", "online")])
+def test_wandbs_older_mode_names_are_its_current_ones(hydra_conf, monkeypatch, tmp_path, alias, mode):
+    import sparsespec.harness.tracking as tracking
+    from sparsespec.harness.checks import check_config
+
+    monkeypatch.setenv("WANDB_MODE", alias)
+    check_config(make())                                          # accepted, not "is unknown"
+    started = []
+    monkeypatch.setattr(tracking, "_has_login", lambda: True)
+    monkeypatch.setattr(tracking, "_start_wandb", lambda options, mode, **k: started.append(mode) or SimpleNamespace(
+        dir=str(tmp_path / "run" / "files"), url=None, define_metric=lambda *a, **kw: None))
+    make_tracker({"name": "wandb", "mode": alias}, config={}, folder=tmp_path, name="n", group=None)
+    assert started == [mode]
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="logger.mode='sometimes' is unknown; accepted: offline, online, disabled"):
+        check_config(make())
 
 
 def test_sweep_lines_report_results_and_errors(tmp_path):
@@ -399,6 +487,52 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     assert changed.returncode == 2 and "max_new_tokens: 8 -> 9" in changed.stderr
 
 
+def test_an_interrupted_run_counts_what_it_kept_and_says_how_to_resume(tmp_path):
+    from sparsespec.harness.interrupted import interrupted_line
+
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "ar" / "samples.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3, "cut sh')   # the last line never finished
+    (tmp_path / "pld").mkdir()
+    (tmp_path / "pld" / "samples.jsonl").write_text('{"a": 1}\n')
+    line = interrupted_line("run.py", ["ctx=300", "hydra.run.dir=old", "bench.methods=[pld]"], tmp_path, False)
+    assert line == (f"interrupted: 3 finished samples kept in {tmp_path}; resume with: python run.py ctx=300 "
+                    f"'bench.methods=[pld]' hydra.run.dir={tmp_path}")
+    line = interrupted_line("run.py", ["-m", "method=ar,pld", "hydra.sweep.dir=x"], tmp_path / "none", True)
+    assert line.endswith(f"0 finished samples kept in {tmp_path / 'none'}; resume with: python run.py -m "
+                         f"method=ar,pld hydra.sweep.dir={tmp_path / 'none'}")
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_ctrl_c_is_one_line_exit_130_and_its_command_resumes(tmp_path):
+    """SIGINT after the first sample: no traceback, exit 130, one line with the samples kept and the
+    command that resumes; that command finishes the run without redoing or losing a sample."""
+    args = [*QUICK, "num_prompts=3"]
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not any(p.read_text().endswith("\n") for p in tmp_path.rglob("samples.jsonl")):
+        assert proc.poll() is None, "the run ended before its first prompt was written"
+        assert time.monotonic() < deadline, "no prompt finished within 240 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("interrupted: ")]
+    [samples_path] = tmp_path.rglob("samples.jsonl")
+    kept = samples_path.read_text()
+    assert f"interrupted: {kept.count(chr(10))} finished sample" in line and kept.count("\n") < 3
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[:2] == ["python", str(REPO / "run.py")] and command[-1] == f"hydra.run.dir={samples_path.parent}"
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, env=cli_env(), capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = samples_path.read_text()
+    assert after.startswith(kept) and len({s["prompt_id"] for s in read_samples(samples_path.parent)}) == 3 == \
+        after.count("\n")
+
+
 @pytest.mark.real_model
 def test_multirun_two_methods_by_two_contexts_through_submitit(tmp_path):
     sweep = tmp_path / "sweep"
@@ -425,6 +559,17 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow   # starts a subprocess
+def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "run.py"), "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, env=cli_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("method_options")]
+    assert any(line.startswith("method: ar, ") and "sparsespec_fixed" in line for line in lines)
+    assert "python -m sparsespec.methods [method] lists every option" in result.stdout
+
+
+@pytest.mark.slow   # starts a subprocess
 @pytest.mark.parametrize("overrides, expected", [
     (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["model=llama3_8b", "ctx=1k"], "hf download meta-llama/Meta-Llama-3-8B-Instruct"),
@@ -434,8 +579,12 @@ def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
     (["method=ar", "+method.options.k=4"], "method 'ar' drafts nothing, so it takes no option(s) ['k']"),
     (["task=retrieval", "task.variant=needle"], "task.variant='needle' is unknown; accepted: mixed, niah_single"),
+    (["-m", "method=ar,sparsespec", "method.options.budget=0.05"],
+     "method=ar has no option 'budget' (it takes no options); to set it only where it exists, compare the "
+     "methods in one run: 'bench.methods=[\"sparsespec:budget=0.05\"]'"),
 ], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-no-position",
-        "unknown-source", "unknown-option", "ar-controller-option", "unknown-retrieval-variant"])
+        "unknown-source", "unknown-option", "ar-controller-option", "unknown-retrieval-variant",
+        "sweep-option-one-method-lacks"])
 def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
     result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(result, expected)

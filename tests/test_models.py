@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -170,6 +172,27 @@ def test_a_failed_build_leaves_no_cache_and_a_finished_one_is_reused(tmp_path):
     assert build_atomically(folder, build, subdir="out") == folder
     assert build_atomically(folder, build, subdir="out") == folder
     assert len(calls) == 1 and (folder / "weights.bin").read_bytes() == b"w"
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o077])
+def test_a_converted_cache_has_the_modes_of_plain_new_files(tmp_path, umask):
+    """A file written private (0600, as safetensors writes it) ends with 0666 less the umask, so a
+    group-shared cache (umask 002) is readable by the group and a private one (077) stays private."""
+    def build(tmp):
+        (tmp / "out" / "tokenizer").mkdir(parents=True)
+        (tmp / "out" / "model.safetensors").write_bytes(b"w")
+        (tmp / "out" / "model.safetensors").chmod(0o600)
+        (tmp / "out" / "tokenizer" / "vocab.json").write_text("{}")
+
+    before = os.umask(umask)
+    try:
+        folder = build_atomically(tmp_path / "models" / "thing", build, subdir="out")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((folder / "tokenizer" / "vocab.json").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((folder / "tokenizer").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask
 
 
 def test_missing_embedded_package_says_how_to_install_it(tmp_path):

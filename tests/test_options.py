@@ -86,3 +86,38 @@ def test_describe_lists_every_option_with_its_default():
     text = describe("sparsespec")
     for name in option_names("sparsespec") - {"controller"}:
         assert f"    {name} " in text
+
+
+def test_the_method_listing_takes_every_name_method_accepts(capsys):
+    """`python -m sparsespec.methods <name>` for every conf/method file (sparsespec_fixed included)
+    and every engine method; an unknown name is one line and exit 2."""
+    from sparsespec.harness.entries import conf_method_names
+    from sparsespec.methods.__main__ import main
+
+    names = sorted(set(conf_method_names()) | set(METHODS))
+    assert "sparsespec_fixed" in names
+    for name in names:
+        main([name])
+        assert capsys.readouterr().out.startswith(f"{name}: ")
+    main(["sparsespec_fixed"])
+    assert "sparsespec with controller='fixed'" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["sparsespec_fixd"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: unknown method 'sparsespec_fixd'; accepted: ") and "sparsespec_fixed" in err
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_listing_gives_each_methods_first_sentence_whole(method):
+    """Each method's first listed line ends its sentence (no "...paid to each")."""
+    headline = describe(method).splitlines()[0]
+    assert headline.endswith((".", ")")), headline
+    assert headline.count("(") == headline.count(")"), headline
+
+
+def test_first_sentence_keeps_abbreviations_and_joins_lines():
+    from sparsespec.method_options import first_sentence
+
+    doc = "`x`: drafts like Y (e.g. Llama drafting for\nLlama, Zhang et al. 2023). Second sentence.\n\nMore."
+    assert first_sentence(doc, "x") == "drafts like Y (e.g. Llama drafting for Llama, Zhang et al. 2023)."

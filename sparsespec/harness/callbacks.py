@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from sparsespec.errors import ConfigError, exit_with_error
 from sparsespec.harness.checks import make_output_folder
+from sparsespec.harness.folder_lock import claim_folder, release_folder
 
 ERROR_FILE = "error.txt"      # written into a job's folder by run.py when the job stops: one line, then any traceback
 SUMMARY_FILE = "summary.json"
@@ -52,7 +53,9 @@ def sweep_lines(sweep_dir: Path) -> tuple[list[str], list[str]]:
 
 class OutputFolderCheck(Callback):
     """Before Hydra makes the output folder: one that cannot be made (`hydra.run.dir=/proc/x`, an
-    existing file) is the one-line error and exit 2 of run.py, not a traceback from inside Hydra."""
+    existing file) is the one-line error and exit 2 of run.py, not a traceback from inside Hydra.
+    The folder (a sweep's: its folder) is then claimed, before Hydra writes `.hydra/` (or
+    multirun.yaml) into it: a run refused because another holds the folder changes nothing there."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._make("hydra.run.dir", config.hydra.run.dir)
@@ -60,10 +63,16 @@ class OutputFolderCheck(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._make("hydra.sweep.dir", config.hydra.sweep.dir)
 
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_folder(Path(str(config.hydra.run.dir)))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_folder(Path(str(config.hydra.sweep.dir)))
+
     @staticmethod
     def _make(key: str, path: str) -> None:
         try:
-            make_output_folder(key, path)
+            claim_folder(make_output_folder(key, path))
         except ConfigError as err:
             exit_with_error(err)
 

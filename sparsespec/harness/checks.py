@@ -14,6 +14,7 @@ from sparsespec.options import accepts
 
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
+WANDB_ALIASES = {"dryrun": "offline", "run": "online"}   # W&B's older names, which WANDB_MODE still accepts
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -85,8 +86,14 @@ def check_numbers(cfg: DictConfig) -> None:
         raise ConfigError(f"top_p={cfg.top_p!r} must be a number in (0, 1]")
     if cfg.logger.name not in LOGGERS:
         raise ConfigError(f"logger={cfg.logger.name!r} is unknown; accepted: {', '.join(LOGGERS)}")
-    if cfg.logger.name == "wandb" and cfg.logger.mode not in WANDB_MODES:
-        raise ConfigError(f"logger.mode={cfg.logger.mode!r} is unknown; accepted: {', '.join(WANDB_MODES)}")
+    if cfg.logger.name == "wandb" and cfg.logger.mode not in (*WANDB_MODES, *WANDB_ALIASES):
+        raise ConfigError(f"logger.mode={cfg.logger.mode!r} is unknown; accepted: {', '.join(WANDB_MODES)} "
+                          f"(or W&B's older {', '.join(f'{a} = {m}' for a, m in WANDB_ALIASES.items())})")
+
+
+def wandb_mode(mode: str | None) -> str:
+    """`logger.mode` as one of WANDB_MODES (an older alias by its current name; unset: offline)."""
+    return WANDB_ALIASES.get(mode, mode or "offline")
 
 
 def check_context_fits(ctx: int, max_new_tokens: int, model_name: str, max_context: int | None) -> None:

@@ -24,19 +24,48 @@ LOCK_FILE = ".run.lock"
 HOLDER_FILE = ".run.lock.json"   # the note of the lock's holder; left in place, overwritten by the next one
 
 
-@contextlib.contextmanager
-def hold_folder(folder: Path) -> Iterator[None]:
-    """Hold `folder` for the duration of the block; raise ConfigError at once if a run holds it."""
-    folder = Path(folder)
+# Folders claimed for this process's run before Hydra writes into them (`claim_folder`): the run's
+# own `hold_folder` then finds its lock already held.
+_CLAIMED: dict[Path, FileLock] = {}
+
+
+def _acquire(folder: Path) -> FileLock:
+    """`folder`'s lock, taken; ConfigError at once if a run holds it."""
     lock = FileLock(folder / LOCK_FILE)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         raise ConfigError(f"{folder} is in use by another run ({lock_holder(folder)}); wait for it to end, "
                           f"or choose another hydra.run.dir") from None
+    write_json(folder / HOLDER_FILE, {"pid": os.getpid(), "host": socket.gethostname(),
+                                      "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return lock
+
+
+def claim_folder(folder: Path) -> None:
+    """Take `folder`'s lock for this process's run until `release_folder` (or the process ends), so a
+    second run is refused before it writes anything there (Hydra's `.hydra/` included)."""
+    folder = Path(folder)
+    if folder.resolve() not in _CLAIMED:
+        _CLAIMED[folder.resolve()] = _acquire(folder)
+
+
+def release_folder(folder: Path) -> None:
+    lock = _CLAIMED.pop(Path(folder).resolve(), None)
+    if lock is not None:
+        lock.release()
+
+
+@contextlib.contextmanager
+def hold_folder(folder: Path) -> Iterator[None]:
+    """Hold `folder` for the duration of the block (already held if this process claimed it); raise
+    ConfigError at once if another run holds it."""
+    folder = Path(folder)
+    if folder.resolve() in _CLAIMED:
+        yield
+        return
+    lock = _acquire(folder)
     try:
-        write_json(folder / HOLDER_FILE, {"pid": os.getpid(), "host": socket.gethostname(),
-                                          "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         yield
     finally:
         lock.release()

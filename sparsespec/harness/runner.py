@@ -11,7 +11,6 @@ every folder resumes on its own: a re-run skips the prompts a method has finishe
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from sparsespec.shared_prefill import PrefillMemo
 from . import environment
 from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name,
                      method_options, model_spec, resolved_options)
+from .entries import entry_folder, entry_key, method_node, resolved_method_options
 from .folder_lock import hold_folder
 from .report import format_bench_table, format_table
 from .results import SUMMARY, SamplesFile, aggregate, batch_metrics, build_sample, check_resume, sample_key, write_json
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 WARMUP_TOKENS = 16    # enough for a few draft/verify rounds; the warm-up output is thrown away
 WARMUP_PREFIX = 2048  # warm up on the prompt's first tokens: every code path, without a long prefill
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 AR = "ar"
 
 
@@ -86,64 +85,6 @@ def bench_entries(cfg: DictConfig) -> list[str]:
     return list(dict.fromkeys([AR, *(str(m) for m in cfg.bench.methods)]))
 
 
-def entry_folder(entry: str) -> str:
-    """A method entry as a folder name: `sparsespec_fixed:k=4` -> `sparsespec_fixed-k=4`."""
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", entry).strip("-")
-
-
-LABELLED_BY_ANALYSIS = ("k", "budget")
-
-
-def entry_names() -> list[str]:
-    """What a `bench.methods` entry may name: a conf/method file, or one of transformers' reference decoders."""
-    return sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml")) + sorted(hf_reference.OPTIONS)
-
-
-def parse_entry(entry: str) -> tuple[str, list[str]]:
-    """`name[:option=value,...]` -> (name, ["option=value", ...]); a ConfigError naming the bad part
-    (an unknown method, an option without a value) before anything is composed or loaded."""
-    name, _, extra = entry.partition(":")
-    if name not in entry_names():
-        raise ConfigError(f"bench.methods entry {entry!r}: unknown method {name!r}; accepted: {', '.join(entry_names())}")
-    assignments = [kv for kv in extra.split(",") if kv]
-    for kv in assignments:
-        if not kv.split("=", 1)[0] or "=" not in kv:
-            raise ConfigError(f"bench.methods entry {entry!r}: {kv!r} must be option=value")
-    return name, assignments
-
-
-def method_node(entry: str) -> DictConfig:
-    """The `method` config of an entry `name[:option=value,...]`: conf/method/<name>.yaml with those
-    options, or a reference decoder of transformers' own (`hf_generate`, `hf_pld`)."""
-    name, assignments = parse_entry(entry)
-    if hf_reference.is_reference(name):
-        options = dict(kv.split("=", 1) for kv in assignments)
-        node = OmegaConf.create({"name": name, "label": name, "options": {k: None for k in hf_reference.OPTIONS[name].names()}})
-        for key, value in options.items():
-            OmegaConf.update(node, f"options.{key}", _parse(value))
-        return node
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    overrides = [f"method={name}", *(f"++method.options.{kv}" for kv in assignments)]
-    # k and budget are labelled by analysis/ from the options; any other option names the run apart
-    # ("sparsespec acceptance_model=paper"), so two entries of one method never share a label
-    named = [kv for kv in assignments if kv.split("=", 1)[0] not in LABELLED_BY_ANALYSIS]
-    if named:
-        overrides.append(f"method.label='{name} {','.join(named)}'")
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="config", overrides=overrides).method
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides).method
-
-
-def _parse(text: str):
-    """A command-line value as Hydra would read it (int, float, bool, null or string)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create().parse_override(f"x={text}").value()
-
-
 def config_for(cfg: DictConfig, entry: str) -> DictConfig:
     """The run's config with `method` set to the entry's."""
     method_cfg = cfg.copy()
@@ -155,13 +96,28 @@ def config_for(cfg: DictConfig, entry: str) -> DictConfig:
 def method_runs(cfg: DictConfig, folder: Path) -> list[MethodRun]:
     if not is_bench(cfg):
         return [MethodRun(entry=cfg.method.label, cfg=cfg, folder=folder)]
-    return [MethodRun(entry=e, cfg=config_for(cfg, e), folder=folder / entry_folder(e)) for e in bench_entries(cfg)]
+    return distinct_runs([MethodRun(entry=e, cfg=config_for(cfg, e), folder=folder / entry_folder(e))
+                          for e in bench_entries(cfg)])
 
 
-def resolved_method_options(method: str, options: dict) -> dict:
-    if hf_reference.is_reference(method):
-        return hf_reference.resolve_options(method, options)
-    return resolved_options(method, options)
+def distinct_runs(runs: list[MethodRun]) -> list[MethodRun]:
+    """`runs` with each method-and-options decoded once: an entry that resolves to an earlier one
+    (`sparsespec:` after `sparsespec`) is dropped with one line saying so. Two different entries
+    whose folders would be one are a ConfigError: each folder holds one method's samples."""
+    kept: dict[str, MethodRun] = {}
+    folders: dict[Path, MethodRun] = {}
+    for run in runs:
+        key = entry_key(run.cfg)
+        if key in kept:
+            print(f"warning: bench.methods entry {run.entry!r} is {kept[key].entry!r} again (same method and "
+                  f"options); decoded once, into {kept[key].folder}", file=sys.stderr, flush=True)
+            continue
+        if run.folder in folders:
+            raise ConfigError(f"bench.methods entries {folders[run.folder].entry!r} and {run.entry!r} differ but "
+                              f"would share the folder {run.folder}; write one of them so its name differs "
+                              f"by more than punctuation")
+        kept[key], folders[run.folder] = run, run
+    return list(kept.values())
 
 
 def check_method_run(run: MethodRun) -> None:

@@ -1,4 +1,4 @@
-"""Experiment tracking: W&B (offline unless asked otherwise) or nothing.
+"""Experiment tracking: W&B (offline unless asked otherwise) or nothing (logger=none, or W&B disabled).
 
 W&B is imported only when used. Local results never depend on it: if W&B cannot start or a call
 fails, the run says so once and carries on without it (online without a login falls back to
@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+
+from .checks import wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +129,9 @@ def make_tracker(options: dict, *, config: dict, folder: Path, name: str, group:
                  several: bool = False) -> Tracker:
     """The tracker `logger` asks for. W&B online falls back to offline (no login, no network),
     and offline to no tracker at all; each fallback is said once."""
-    if options.get("name") != "wandb":
+    mode = wandb_mode(options.get("mode"))
+    if options.get("name") != "wandb" or mode == "disabled":   # disabled: no W&B at all, not one line of it
         return Tracker()
-    mode = options.get("mode") or "offline"
     start = dict(config=config, folder=folder, name=name, group=group, several=several)
     problem = None
     try:

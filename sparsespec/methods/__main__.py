@@ -1,8 +1,48 @@
-"""`python -m sparsespec.methods [method ...]`: every method's options, defaults and reasons."""
+"""`python -m sparsespec.methods [name ...]`: every name `method=` accepts (the engine's methods and
+the conf/method files) with its options, defaults and reasons. An unknown name is one line, exit 2."""
+from __future__ import annotations
+
 import sys
 
+from sparsespec.errors import ConfigError, exit_with_error
 from sparsespec.method_options import describe
 from sparsespec.methods import METHODS
 
-for name in sys.argv[1:] or sorted(METHODS):
-    print(describe(name))
+
+def conf_methods() -> dict[str, tuple[str, dict]]:
+    """conf/method name -> (the engine's method it runs, the options its file sets)."""
+    from sparsespec.harness.entries import conf_method_names, method_node
+
+    def of(name: str) -> tuple[str, dict]:
+        node = method_node(name)
+        return str(node.name), {k: v for k, v in dict(node.options or {}).items() if v is not None}
+    return {name: of(name) for name in conf_method_names()}
+
+
+def settings(options: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in options.items())
+
+
+def listing(name: str, confs: dict[str, tuple[str, dict]], named: bool) -> str:
+    """`name`'s options. A conf file that runs another method says which, with what; the other
+    method's options follow when `name` was asked for by name."""
+    method, options = confs.get(name, (name, {}))
+    source = f"conf/method/{name}.yaml"
+    if method == name:
+        return describe(name) + (f"\n  method={name} ({source}) sets {settings(options)}" if options else "")
+    line = f"{name}: {method} with {settings(options) or 'its defaults'} ({source}); {method}'s options apply"
+    return line + ("\n" + describe(method) if named else "")
+
+
+def main(argv: list[str]) -> None:
+    confs = conf_methods()
+    accepted = sorted(set(METHODS) | set(confs))
+    unknown = [name for name in argv if name not in accepted]
+    if unknown:
+        exit_with_error(ConfigError(f"unknown method {unknown[0]!r}; accepted: {', '.join(accepted)}"))
+    for name in argv or accepted:
+        print(listing(name, confs, named=bool(argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
