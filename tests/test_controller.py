@@ -9,9 +9,10 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.calibration import measure_cost_profile
-from sparsespec.controller import (CostProfile, CycleK, EntropyController, FixedK, choose_k, expected_ratio,
-                                   paper_acceptance, survival, with_base_rate)
+from sparsespec.calibration import CostProfile, measure_cost_profile
+from sparsespec.controllers import CycleK, EntropyController, FixedK
+from sparsespec.controllers.acceptance import paper_acceptance, with_base_rate
+from sparsespec.controllers.cost_models import choose_k, expected_ratio, survival
 
 
 def test_acceptance_probability_at_the_centres_and_halfway():
@@ -180,7 +181,7 @@ def test_a_cost_prior_puts_the_rule_in_charge_from_round_one_and_its_slope_decid
 def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification():
     """The B=8 failure: warm-up timed k=4 at 0.7 s and k=8 at 2.3 s (one slow round); the line
     through them predicted C_v(1) = -0.45 s, so k=1 won every round. The line now stays above 0."""
-    from sparsespec.controller import LinearCostModel
+    from sparsespec.controllers.cost_models import LinearCostModel
     line = LinearCostModel()
     line.add(4, 0.7)
     line.add(8, 2.3)
@@ -196,7 +197,7 @@ def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification(
 def test_the_hull_fit_is_exact_where_a_line_through_convex_costs_makes_small_k_too_cheap():
     """SmolLM2 8K, B = 8: verification costs rise faster than linearly in k, the line through
     k = 1..16 predicted C_v(1) well under its measured value, and the controller sat at k = 1."""
-    from sparsespec.controller import HullCostModel, LinearCostModel
+    from sparsespec.controllers.cost_models import HullCostModel, LinearCostModel
     measured = {1: 0.44, 2: 0.50, 4: 0.63, 8: 0.95, 12: 1.35, 16: 1.90}          # convex in k
     line, hull = LinearCostModel(), HullCostModel()
     for k, seconds in measured.items():
@@ -218,7 +219,7 @@ def test_the_hull_fit_is_exact_where_a_line_through_convex_costs_makes_small_k_t
 
 
 def test_the_hull_drops_a_point_above_it_and_stays_flat_left_of_the_first():
-    from sparsespec.controller import HullCostModel
+    from sparsespec.controllers.cost_models import HullCostModel
     hull = HullCostModel()
     for k, seconds in {2: 0.40, 3: 0.60, 5: 0.65, 6: 0.30 + 0.65}.items():   # k=3 lies above the chord 2-5
         hull.add(k, seconds)
@@ -297,7 +298,7 @@ def test_a_batch_profile_keeps_only_the_rounds_the_whole_batch_took_part_in():
 def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
     """Without acceptance evidence the rule opens at p = 1/2 (Laplace) and drafts k = 1; seeded by a
     profile that saw 90% of drafts accepted at low entropy, the same costs choose a longer draft."""
-    from sparsespec.controller import EntropyBins
+    from sparsespec.controllers.acceptance import EntropyBins
     bins = EntropyBins()
     for _ in range(40):
         bins.add(0.3, True)                  # low-entropy drafts: always accepted
@@ -321,7 +322,7 @@ def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
 
 
 def test_binned_acceptance_is_the_measured_rate_of_a_bin_shrunk_towards_the_overall_rate():
-    from sparsespec.controller import BIN_SHRINKAGE, EntropyBins
+    from sparsespec.controllers.acceptance import BIN_SHRINKAGE, EntropyBins
     bins = EntropyBins()
     bins.add_round([0.1, 0.2, 4.0, 0.1], accepted=2, submitted=4)   # 2 accepted, 4.0 rejected, last never judged
     assert sum(bins.judged) == 3 and sum(bins.accepted) == 2
