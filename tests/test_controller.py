@@ -56,7 +56,7 @@ def test_efficiency_inversion_more_expensive_drafts_mean_shorter_k():
 
 
 def test_equal_centres_keep_the_prior_k():
-    ctl = EntropyController(prior_k=5, warmup_rounds=0, acceptance_model="paper")
+    ctl = EntropyController(prior_k=5, warmup_rounds=0, acceptance_model="paper", fallback=False)
     ctl.mu_acc = ctl.mu_rej = 1.2
     ctl.c_draft = 0.01
     ctl.c_verify.add(4, 0.1)
@@ -78,7 +78,8 @@ def random_controller(rng: random.Random, lookahead: str, fit: str = "line") -> 
     """A controller past warm-up with random candidates, entropy centres and costs (for the hull,
     measured at several k, convex or not)."""
     candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
-    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead, verify_cost_fit=fit)
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead, verify_cost_fit=fit,
+                            fallback=False)
     ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
     ctl.c_draft = rng.uniform(0.005, 0.5)
     seconds = rng.uniform(0.1, 1.0)
@@ -115,7 +116,7 @@ def test_predictive_lookahead_wastes_no_draft_step_when_entropy_is_steady(seed):
 
 
 def test_online_rule_stops_early_on_a_high_entropy_token():
-    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper")
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper", fallback=False)
     ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
     ctl.c_verify.add(4, 0.2)
     drafted, submitted = run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2])
@@ -167,7 +168,7 @@ def test_a_cost_prior_puts_the_rule_in_charge_from_round_one_and_its_slope_decid
     entropies = [0.3] * 16
 
     def k_chosen(verify_s):
-        ctl = EntropyController(warmup_rounds=4)
+        ctl = EntropyController(warmup_rounds=4, fallback=False)
         ctl.use_cost_prior(CostProfile(draft_step_s=0.02, verify_s=verify_s))
         ctl.mu_acc, ctl.mu_rej, ctl.n_accepted, ctl.n_rejected = 0.3, 3.0, 50, 5
         assert ctl.ready
@@ -306,9 +307,9 @@ def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
         bins.add(3.6, i < 5)                 # high-entropy drafts: half accepted
     profile = CostProfile(draft_step_s=0.02, verify_s={1: 0.10, 16: 0.16}, accepted_entropy=0.3,
                           rejected_entropy=3.0, acceptance_rate=0.9, bins=bins)
-    unseeded = EntropyController(prior_strength=0)
+    unseeded = EntropyController(prior_strength=0, fallback=False)
     unseeded.use_cost_prior(profile)
-    seeded = EntropyController()
+    seeded = EntropyController(fallback=False)
     seeded.use_cost_prior(profile)
     assert (seeded.mu_acc, seeded.mu_rej) == (0.3, 3.0) and seeded.n_accepted == pytest.approx(0.9 * 16)
     low = [0.3] * 16

@@ -39,8 +39,8 @@ class Controller(abc.ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if not cls.name:
-            return                            # an intermediate base: not registered, may stay abstract
+        if not cls.__dict__.get("name"):      # an intermediate base, or a variant of a registered
+            return                            # controller: not registered (a base may stay abstract)
         missing = sorted(n for n in PROTOCOL if getattr(getattr(cls, n, None), "__isabstractmethod__", False))
         if missing:
             raise TypeError(f"controller {cls.name!r} ({cls.__qualname__}) does not implement {missing}")

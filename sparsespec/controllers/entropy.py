@@ -43,6 +43,14 @@ succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
 Costs. C_d is an EMA of measured draft-step seconds; C_v(k) is fitted (`verify_cost_fit`: a line,
 or the lower convex hull) through an EMA of measured verify seconds per submitted k. Times come
 synchronised from the decode loop.
+
+Plain decoding (`fallback`, sparsespec/controllers/fallback.py). k = 0 is a candidate too: one AR
+step, one token per sequence for C_AR seconds. Once the rule is in charge, each round first asks
+whether speculation is predicted to yield fewer tokens per second than AR, from robust (median)
+costs of recent rounds: then the round is an AR step ("fallback"), the drafter is not called, and
+every so often a "probe" round (k <= `prior_k`) re-measures speculation so that it returns when the
+load drops or acceptance rises. The first such round measures C_AR ("ar_probe"). Each round's
+trace records the choice.
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ from ..options import OptionSet, above, at_least, in_range, non_empty, one_of, o
 from .acceptance import EntropyBins, judged, paper_acceptance, with_base_rate
 from .base import Controller
 from .cost_models import HullCostModel, LinearCostModel, expected_ratio, survival
+from .fallback import PLAIN, PROBE, PlainFallback
 
 
 class EntropyController(Controller):
@@ -90,6 +99,14 @@ class EntropyController(Controller):
                                       check=one_of("line", "hull"))
         lookahead: str = option("predict", "predict: stop before a draft step expected to lose; exact: the "
                                            "closed form's k, paying for one discarded step", check=one_of("predict", "exact"))
+        fallback: bool = option(True, "k = 0 (one AR step) is a candidate, so a loaded machine decodes no slower "
+                                      "than AR; false: the paper's rule, k >= 1 always")
+        cost_window: int = option(5, "recent rounds each fallback cost median spans: one slow round of 5 is "
+                                     "ignored, a lasting change decides within 3", check=at_least(1))
+        probe_every: int = option(8, "AR rounds before speculation is first re-probed: a probe is at most one "
+                                     "round in 9", check=at_least(1))
+        probe_max: int = option(64, "the longest wait between probes while speculation keeps losing: probes "
+                                    "then cost at most one round in 65", check=at_least(1))
 
     def __init__(self, acceptance_fn: Callable[..., float] = paper_acceptance, **options):
         super().__init__(**options)
@@ -115,6 +132,7 @@ class EntropyController(Controller):
         self.c_verify = (HullCostModel if o.verify_cost_fit == "hull" else LinearCostModel)(ema=o.ema_cost)
         self.rounds_seen = 0
         self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
+        self.plain = PlainFallback(o.cost_window, o.probe_every, o.probe_max) if o.fallback else None
         self._reset_round(limit=self.max_k)
 
     @property
@@ -151,6 +169,7 @@ class EntropyController(Controller):
         self._seq_survival: list[float] = []       # pi^b_j of each sequence (a batch of more than one)
         self._best_k, self._best_r = 0, -math.inf
         self._submit: int | None = None
+        self._choice = ""                          # the fallback rule's choice ("": it did not choose)
 
     @property
     def ready(self) -> bool:
@@ -182,14 +201,21 @@ class EntropyController(Controller):
     # --- the round protocol -----------------------------------------------------------------
     def start_round(self, limit: int) -> int:
         self._reset_round(limit)
-        if not self.ready:
+        if limit <= 0 or not self.ready:
             if self.rounds_seen < self.warmup_rounds and self.warmup_k:
                 k = self.warmup_k[self.rounds_seen % len(self.warmup_k)]
             else:
                 k = self.prior_k
             self._fixed = min(k, limit)
             return self._fixed
-        return limit
+        if self.plain is not None:
+            self._choice = self.plain.choose()
+            if self._choice in PLAIN:
+                self._fixed = 0                     # no draft: one AR step
+                return 0
+            if self._choice == PROBE:
+                self._limit = min(limit, self.prior_k)   # a probe's cost is bounded
+        return self._limit
 
     def keep_drafting_batch(self, entropies: Sequence[Sequence[float]]) -> bool:
         """After draft token j of every sequence: the online rule on pibar (module docstring)."""
@@ -243,6 +269,10 @@ class EntropyController(Controller):
         for seq_entropies, a in zip(entropies, accepted):
             self._learn(seq_entropies, a, submitted)
         self._learn_costs(submitted, draft_step_s, verify_s)
+        if self.plain is not None:
+            tokens = sum(a + 1 for a in accepted) / len(accepted) if accepted else 1.0   # per sequence
+            seconds = submitted * (draft_step_s or 0.0) + verify_s                      # k C_d + C_v(k)
+            self.plain.observe(self._choice, submitted, tokens, seconds)
 
     def _learn(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
         self.n_accepted += accepted
@@ -259,11 +289,13 @@ class EntropyController(Controller):
         if draft_step_s is not None:
             self.c_draft = draft_step_s if self.c_draft is None else \
                 (1 - self.ema_cost) * self.c_draft + self.ema_cost * draft_step_s
-        self.c_verify.add(submitted, verify_s)
+        if submitted:                               # a round without drafts is C_AR, not a point of C_v(k)
+            self.c_verify.add(submitted, verify_s)
 
     def trace(self) -> dict:
+        choice = {"choice": self._choice, "cost_ar": self.plain.cost_ar()} if self._choice else {}
         if self._fixed is not None:
-            return {}
+            return choice
         k = self._submit if self._submit is not None else len(self._probs)
         return {"accept_probs": self._probs[:k], "survival": survival(self._probs[:k]),
-                "cost_draft": self.c_draft, "cost_verify": self.c_verify(k)}
+                "cost_draft": self.c_draft, "cost_verify": self.c_verify(k), **choice}
