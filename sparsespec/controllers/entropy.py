@@ -99,8 +99,8 @@ class EntropyController(Controller):
                                       check=one_of("line", "hull"))
         lookahead: str = option("predict", "predict: stop before a draft step expected to lose; exact: the "
                                            "closed form's k, paying for one discarded step", check=one_of("predict", "exact"))
-        fallback: bool = option(True, "k = 0 (one AR step) is a candidate, so a loaded machine decodes no slower "
-                                      "than AR; false: the paper's rule, k >= 1 always")
+        fallback: bool = option(True, "k = 0 (one AR step) is a candidate, taken while speculation is predicted "
+                                      "slower than AR (a loaded machine); false: the paper's rule, k >= 1 always")
         cost_window: int = option(5, "recent rounds each fallback cost median spans: one slow round of 5 is "
                                      "ignored, a lasting change decides within 3", check=at_least(1))
         probe_every: int = option(8, "AR rounds before speculation is first re-probed: a probe is at most one "
