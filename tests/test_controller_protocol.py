@@ -34,6 +34,8 @@ def test_a_controller_missing_a_protocol_method_fails_at_class_definition(missin
 
 def test_a_complete_controller_registers_and_an_unnamed_base_may_stay_abstract():
     type("PartialBase", (Controller,), {})                        # no name: an intermediate base
+    type("Variant", (CONTROLLERS["entropy"],), {})                 # inherits a name: not registered over it
+    assert CONTROLLERS["entropy"].__name__ == "EntropyController"
     cls = type("Complete", (Controller,), {"name": "complete_for_test", "Options": FixedK.Options,
                                            **complete_members()})
     try:
