@@ -95,7 +95,7 @@ def rounds_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 ROUND_COLUMNS = ["round", "drafted", "accepted", "emitted", "draft_s", "verify_s", "select_s",
                  "round_s", "round_tokens_per_s", "cost_draft", "cost_verify", "predicted_ratio",
-                 "survival"]
+                 "survival", "choice", "cost_ar"]
 
 
 def _round_record(index: int, r: dict) -> dict:
@@ -109,7 +109,7 @@ def _round_record(index: int, r: dict) -> dict:
             "select_s": r.get("select_s"), "round_s": round_s,
             "round_tokens_per_s": r.get("emitted", 0) / round_s if round_s > 0 else math.nan,
             "cost_draft": c_d, "cost_verify": c_v, "predicted_ratio": predicted,
-            "survival": survival}
+            "survival": survival, "choice": r.get("choice") or "", "cost_ar": r.get("cost_ar")}
 
 
 def draft_tokens_frame(df: pd.DataFrame) -> pd.DataFrame:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec import stats  # noqa: E402
 from sparsespec.cache import PreallocatedCache, num_decoder_layers  # noqa: E402
-from sparsespec.controller import make_controller  # noqa: E402
+from sparsespec.controllers import make_controller  # noqa: E402
 from sparsespec.decode import RoundTimers, decode_round, sparsespec_attention  # noqa: E402
 from sparsespec.method_options import resolve  # noqa: E402
 from sparsespec.methods import METHODS  # noqa: E402

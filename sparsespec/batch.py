@@ -547,13 +547,13 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
         s.row = row
     device = cache.lengths.device
     wanted = max(s.wanted() for s in active)
-    controller.start_round(limit=wanted - 1)
+    limit = controller.start_round(limit=wanted - 1)                                  # 0: one plain AR step
     timers = RoundTimers(device)
 
     # draft: (B, k) tokens, their distributions (B, k, V) when sampling, per-sequence entropies
     drafted, probs, entropies, steps = [], [], [], 0
     last = torch.stack([s.state.last.view(()) for s in active])                       # (B,)
-    if drafter is not None and wanted > 1:
+    if drafter is not None and limit > 0:
         drafted, probs, entropies, steps = drafter.draft(cache, active, last, controller, sampler, timers)
     k = controller.submit_count(len(drafted)) if drafted else 0
     drafts = torch.stack(drafted[:k], dim=1) if k else last.new_zeros(len(active), 0)  # (B, k)
@@ -584,7 +584,7 @@ def batch_round(model, cache: BatchCache, active: list, drafter, controller, sam
     verify_s, draft_s, select_s = timers.verify.seconds, timers.draft.seconds, timers.select.seconds
     for s, a in zip(active, accepted):
         s.drafter.after_verify(s.state, None, a, k)
-    trace = controller.trace() if k else {}
+    trace = controller.trace()
     controller.observe_batch(per_seq, accepted, k, draft_s / steps if steps else None, verify_s)
     for s, a, ents in zip(active, accepted, per_seq):
         st = s.state

@@ -29,13 +29,36 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
-from .controller import CostProfile, CycleK, EntropyBins, judged
+from .controllers import CycleK
+from .controllers.acceptance import EntropyBins, judged
 from .decode import generate
 from .errors import ConfigError
 from .methods import METHODS
 
 DEFAULT_KS = CycleK.Options().ks
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Measured costs of one setting (model, context, method): the median seconds of one draft step
+    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds.
+
+    The same rounds also say how drafts fare: the mean entropy of accepted drafts and of the first
+    rejected draft of a round, and the share of judged drafts accepted (None when unseen)."""
+    draft_step_s: float
+    verify_s: dict[int, float]
+    accepted_entropy: float | None = None
+    rejected_entropy: float | None = None
+    acceptance_rate: float | None = None
+    bins: EntropyBins | None = None
+
+    def as_dict(self) -> dict:
+        return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
+                "accepted_entropy": self.accepted_entropy, "rejected_entropy": self.rejected_entropy,
+                "acceptance_rate": self.acceptance_rate,
+                "bins": None if self.bins is None else {"accepted": self.bins.accepted, "judged": self.bins.judged}}
 
 
 def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2) -> tuple[str, dict, int]:

@@ -257,8 +257,8 @@ def decode_from(prefilled: Prefilled, sampler: Sampler, stop_ids: set[int]) -> G
 
 def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, wanted: int) -> Round:
     """One draft-verify-accept round; it emits at most `wanted` tokens."""
-    controller.start_round(limit=wanted - 1)   # the target always adds one token after the drafts
-    drafted = drafter.draft(state, controller, timers) if wanted > 1 else None
+    limit = controller.start_round(limit=wanted - 1)   # the target always adds one token after the drafts
+    drafted = drafter.draft(state, controller, timers) if limit > 0 else None   # 0: one plain AR step
     k = controller.submit_count(len(drafted.tokens)) if drafted else 0
     drafts = torch.stack(drafted.tokens[:k]) if k else state.ids[:0]
     select_s, draft_s = timers.select.lap(), timers.draft.lap()
@@ -283,7 +283,7 @@ def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, w
     drafter.after_verify(state, hook, accepted, k)
 
     entropies = torch.stack(drafted.entropies).tolist() if drafted and drafted.entropies else []
-    trace = controller.trace() if k else {}
+    trace = controller.trace()
     steps = drafted.steps if drafted else 0
     controller.observe(entropies[:k], accepted, k, draft_s / steps if steps else None, verify_s)
     return Round(drafted=k, accepted=accepted, emitted=accepted + 1, entropies=entropies[:k],

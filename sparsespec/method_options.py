@@ -4,7 +4,7 @@
         -> MethodOptions(controller="fixed", controller_options=FixedK.Options(k=8),
                          drafter_options=SparseKVDrafter.Options(budget=0.2, ...))
 
-Each drafter declares `Options` (sparsespec/methods/), each controller its own (sparsespec/controller.py);
+Each drafter declares `Options` (sparsespec/methods/), each controller its own (sparsespec/controllers/);
 nothing here lists an option by name. Every check needs only the values, so it runs before any model
 loads: in `sparsespec.generate`, in the harness's config check and in lm-eval's model_args parsing.
 Checks that need the model or the prompt (a budget against the context, `exit_layer` against the
@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .controller import CONTROLLERS, Controller
+from .controllers import CONTROLLERS, Controller, make_controller
 from .errors import ConfigError
 from .methods import METHODS
 from .options import OptionSet, coerce
@@ -32,7 +32,7 @@ class MethodOptions:
     drafter_options: OptionSet
 
     def make_controller(self) -> Controller:
-        return CONTROLLERS[self.controller](**self.controller_options.as_dict())
+        return make_controller(self.controller, **self.controller_options.as_dict())
 
     def as_dict(self) -> dict:
         """Every setting the method runs with, defaults included (AR: none)."""

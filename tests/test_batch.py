@@ -172,8 +172,9 @@ def test_entropy_controller_picks_one_k_and_traces_each_sequence(references):
 
 
 def test_batch_rule_is_the_mean_survival():
-    from sparsespec.controller import EntropyController, survival
-    c = EntropyController(warmup_rounds=0, candidates=(1, 2, 3, 4))
+    from sparsespec.controllers import EntropyController
+    from sparsespec.controllers.cost_models import survival
+    c = EntropyController(warmup_rounds=0, candidates=(1, 2, 3, 4), fallback=False)
     c.mu_acc, c.mu_rej, c.c_draft = 0.5, 3.0, 1.0
     c.c_verify.add(1, 4.0)
     c.n_accepted, c.n_rejected = 10, 3

@@ -9,9 +9,10 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.calibration import measure_cost_profile
-from sparsespec.controller import (CostProfile, CycleK, EntropyController, FixedK, choose_k, expected_ratio,
-                                   paper_acceptance, survival, with_base_rate)
+from sparsespec.calibration import CostProfile, measure_cost_profile
+from sparsespec.controllers import CycleK, EntropyController, FixedK
+from sparsespec.controllers.acceptance import paper_acceptance, with_base_rate
+from sparsespec.controllers.cost_models import choose_k, expected_ratio, survival
 
 
 def test_acceptance_probability_at_the_centres_and_halfway():
@@ -55,7 +56,7 @@ def test_efficiency_inversion_more_expensive_drafts_mean_shorter_k():
 
 
 def test_equal_centres_keep_the_prior_k():
-    ctl = EntropyController(prior_k=5, warmup_rounds=0, acceptance_model="paper")
+    ctl = EntropyController(prior_k=5, warmup_rounds=0, acceptance_model="paper", fallback=False)
     ctl.mu_acc = ctl.mu_rej = 1.2
     ctl.c_draft = 0.01
     ctl.c_verify.add(4, 0.1)
@@ -77,7 +78,8 @@ def random_controller(rng: random.Random, lookahead: str, fit: str = "line") -> 
     """A controller past warm-up with random candidates, entropy centres and costs (for the hull,
     measured at several k, convex or not)."""
     candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
-    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead, verify_cost_fit=fit)
+    ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead, verify_cost_fit=fit,
+                            fallback=False)
     ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
     ctl.c_draft = rng.uniform(0.005, 0.5)
     seconds = rng.uniform(0.1, 1.0)
@@ -114,7 +116,7 @@ def test_predictive_lookahead_wastes_no_draft_step_when_entropy_is_steady(seed):
 
 
 def test_online_rule_stops_early_on_a_high_entropy_token():
-    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper")
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper", fallback=False)
     ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
     ctl.c_verify.add(4, 0.2)
     drafted, submitted = run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2])
@@ -166,7 +168,7 @@ def test_a_cost_prior_puts_the_rule_in_charge_from_round_one_and_its_slope_decid
     entropies = [0.3] * 16
 
     def k_chosen(verify_s):
-        ctl = EntropyController(warmup_rounds=4)
+        ctl = EntropyController(warmup_rounds=4, fallback=False)
         ctl.use_cost_prior(CostProfile(draft_step_s=0.02, verify_s=verify_s))
         ctl.mu_acc, ctl.mu_rej, ctl.n_accepted, ctl.n_rejected = 0.3, 3.0, 50, 5
         assert ctl.ready
@@ -180,7 +182,7 @@ def test_a_cost_prior_puts_the_rule_in_charge_from_round_one_and_its_slope_decid
 def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification():
     """The B=8 failure: warm-up timed k=4 at 0.7 s and k=8 at 2.3 s (one slow round); the line
     through them predicted C_v(1) = -0.45 s, so k=1 won every round. The line now stays above 0."""
-    from sparsespec.controller import LinearCostModel
+    from sparsespec.controllers.cost_models import LinearCostModel
     line = LinearCostModel()
     line.add(4, 0.7)
     line.add(8, 2.3)
@@ -196,7 +198,7 @@ def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification(
 def test_the_hull_fit_is_exact_where_a_line_through_convex_costs_makes_small_k_too_cheap():
     """SmolLM2 8K, B = 8: verification costs rise faster than linearly in k, the line through
     k = 1..16 predicted C_v(1) well under its measured value, and the controller sat at k = 1."""
-    from sparsespec.controller import HullCostModel, LinearCostModel
+    from sparsespec.controllers.cost_models import HullCostModel, LinearCostModel
     measured = {1: 0.44, 2: 0.50, 4: 0.63, 8: 0.95, 12: 1.35, 16: 1.90}          # convex in k
     line, hull = LinearCostModel(), HullCostModel()
     for k, seconds in measured.items():
@@ -218,7 +220,7 @@ def test_the_hull_fit_is_exact_where_a_line_through_convex_costs_makes_small_k_t
 
 
 def test_the_hull_drops_a_point_above_it_and_stays_flat_left_of_the_first():
-    from sparsespec.controller import HullCostModel
+    from sparsespec.controllers.cost_models import HullCostModel
     hull = HullCostModel()
     for k, seconds in {2: 0.40, 3: 0.60, 5: 0.65, 6: 0.30 + 0.65}.items():   # k=3 lies above the chord 2-5
         hull.add(k, seconds)
@@ -297,7 +299,7 @@ def test_a_batch_profile_keeps_only_the_rounds_the_whole_batch_took_part_in():
 def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
     """Without acceptance evidence the rule opens at p = 1/2 (Laplace) and drafts k = 1; seeded by a
     profile that saw 90% of drafts accepted at low entropy, the same costs choose a longer draft."""
-    from sparsespec.controller import EntropyBins
+    from sparsespec.controllers.acceptance import EntropyBins
     bins = EntropyBins()
     for _ in range(40):
         bins.add(0.3, True)                  # low-entropy drafts: always accepted
@@ -305,9 +307,9 @@ def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
         bins.add(3.6, i < 5)                 # high-entropy drafts: half accepted
     profile = CostProfile(draft_step_s=0.02, verify_s={1: 0.10, 16: 0.16}, accepted_entropy=0.3,
                           rejected_entropy=3.0, acceptance_rate=0.9, bins=bins)
-    unseeded = EntropyController(prior_strength=0)
+    unseeded = EntropyController(prior_strength=0, fallback=False)
     unseeded.use_cost_prior(profile)
-    seeded = EntropyController()
+    seeded = EntropyController(fallback=False)
     seeded.use_cost_prior(profile)
     assert (seeded.mu_acc, seeded.mu_rej) == (0.3, 3.0) and seeded.n_accepted == pytest.approx(0.9 * 16)
     low = [0.3] * 16
@@ -321,7 +323,7 @@ def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
 
 
 def test_binned_acceptance_is_the_measured_rate_of_a_bin_shrunk_towards_the_overall_rate():
-    from sparsespec.controller import BIN_SHRINKAGE, EntropyBins
+    from sparsespec.controllers.acceptance import BIN_SHRINKAGE, EntropyBins
     bins = EntropyBins()
     bins.add_round([0.1, 0.2, 4.0, 0.1], accepted=2, submitted=4)   # 2 accepted, 4.0 rejected, last never judged
     assert sum(bins.judged) == 3 and sum(bins.accepted) == 2

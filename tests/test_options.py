@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sparsespec.controller import CONTROLLERS
+from sparsespec.controllers import CONTROLLERS
 from sparsespec.errors import ConfigError
 from sparsespec.method_options import coerce_options, controllers_for, describe, option_names, resolve
 from sparsespec.methods import METHODS

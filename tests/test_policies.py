@@ -76,7 +76,7 @@ def make_drafter(model, method, prompt_len, max_new_tokens=8, **options):
 
 
 def run_drafter(model, prompt, drafter, new, k):
-    from sparsespec.controller import make_controller
+    from sparsespec.controllers import make_controller
     from sparsespec.decode import decode
     controller = make_controller("fixed", k=k)
     with torch.inference_mode(), sparsespec_attention(model):

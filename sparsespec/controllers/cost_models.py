@@ -1,0 +1,105 @@
+"""The cost side of the choice of k: the expected tokens per second R(k), and C_v(k) fitted from
+measured verification seconds.
+
+With survival pi_m = prod_{i<=m} p_i, C_d the seconds of one draft step and C_v(k) those of one
+verification of k drafts plus the last token,
+    R(k) = (1 + sum_{m<=k} pi_m) / (k * C_d + C_v(k)),     k* = argmax_{k in K} R(k)
+(the 1 counts the token verification always adds; ties go to the smaller k).
+
+C_v(k) from the measured seconds per k (each an EMA over the rounds that verified k drafts):
+- `LinearCostModel`: a least-squares line, C_v(k) = a + b k (the paper's cost model); its slope is
+  never negative and its intercept never below 0 (then refitted through the origin), so no k is
+  predicted free. One measured k gives a flat line.
+- `HullCostModel`: the lower convex hull of the measured points, flat left of its first point and
+  never below it: exact at the smallest k and wherever the measured costs bend upwards. Batched
+  attention over many rows can grow faster than linearly in k, and a line through such costs
+  predicts the small k too cheap. A convex C_v keeps R(k) unimodal (a concave numerator over a
+  convex denominator), so the entropy controller's online rule stays exact.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+
+def survival(probs: Sequence[float]) -> list[float]:
+    """pi_m = prod_{i<=m} p_i."""
+    out, acc = [], 1.0
+    for p in probs:
+        acc *= p
+        out.append(acc)
+    return out
+
+
+def expected_ratio(pis: Sequence[float], k: int, c_draft: float, c_verify: Callable[[int], float]) -> float:
+    """R(k) = (1 + sum_{m<=k} pi_m) / (k C_d + C_v(k))."""
+    return (1.0 + sum(pis[:k])) / (k * c_draft + c_verify(k))
+
+
+def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
+             c_verify: Callable[[int], float]) -> int:
+    """Closed form: argmax over candidates (<= len(probs)) of R(k); ties to the smaller k."""
+    pis = survival(probs)
+    best_k, best_r = None, -math.inf
+    for k in sorted(candidates):
+        if k > len(pis):
+            break
+        r = expected_ratio(pis, k, c_draft, c_verify)
+        if r > best_r:
+            best_k, best_r = k, r
+    return best_k
+
+
+@dataclass
+class LinearCostModel:
+    """C_v(k) = a + b k, from an EMA of measured seconds per k."""
+    ema: float = 0.2
+    by_k: dict = field(default_factory=dict)
+
+    def add(self, k: int, seconds: float) -> None:
+        old = self.by_k.get(k)
+        self.by_k[k] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def line(self) -> tuple[float, float] | None:
+        if not self.by_k:
+            return None
+        ks, vs = list(self.by_k), list(self.by_k.values())
+        if len(ks) == 1:
+            return vs[0], 0.0
+        mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
+        b = sum((k - mk) * (v - mv) for k, v in zip(ks, vs)) / sum((k - mk) ** 2 for k in ks)
+        b = max(b, 0.0)                      # verification never gets cheaper with more tokens
+        if mv - b * mk < 0:                  # nor free: a steep line (one slow round) would predict
+            b = sum(k * v for k, v in zip(ks, vs)) / sum(k * k for k in ks)   # C_v(1) < 0; refit through 0
+            return 0.0, b
+        return mv - b * mk, b
+
+    def __call__(self, k: int) -> float:
+        a, b = self.line()
+        return a + b * k
+
+
+@dataclass
+class HullCostModel(LinearCostModel):
+    """C_v(k) from the lower convex hull of the measured (k, EMA seconds) points: piecewise linear,
+    convex, non-decreasing; flat left of the smallest measured k, the last slope right of the largest."""
+
+    def hull(self) -> list[tuple[int, float]]:
+        """The lower convex hull of the points, left to right (Andrew's monotone chain)."""
+        out: list[tuple[int, float]] = []
+        for k, v in sorted(self.by_k.items()):
+            while len(out) >= 2 and (out[-1][0] - out[-2][0]) * (v - out[-2][1]) \
+                    <= (out[-1][1] - out[-2][1]) * (k - out[-2][0]):      # out[-1] lies on or above the chord
+                out.pop()
+            out.append((k, v))
+        return out
+
+    def __call__(self, k: int) -> float:
+        points = self.hull()
+        if len(points) == 1:
+            return points[0][1]
+        segment = next((i for i in range(1, len(points)) if k <= points[i][0]), len(points) - 1)
+        (k0, v0), (k1, v1) = points[segment - 1], points[segment]
+        return max(points[0][1], v0 + (v1 - v0) * (k - k0) / (k1 - k0))   # non-decreasing: a convex hull
+                                                                          # may dip before it rises

@@ -1,0 +1,120 @@
+"""The choice of plain decoding (k = 0): the rule on hand-computed rates, and the entropy
+controller's rounds that follow it."""
+from __future__ import annotations
+
+import pytest
+
+from sparsespec.controllers import EntropyController
+from sparsespec.controllers.fallback import AR_PROBE, FALLBACK, PROBE, SPECULATE, PlainFallback
+
+
+def step(rule: PlainFallback, tokens: float, seconds: float) -> str:
+    """One round: the rule's choice, then the round measured (k = 0 when the choice is plain)."""
+    choice = rule.choose()
+    plain = choice in (FALLBACK, AR_PROBE)
+    rule.observe(choice, 0 if plain else 4, 1.0 if plain else tokens, seconds if not plain else 0.10)
+    return choice
+
+
+def test_the_first_round_measures_ar_then_speculation_runs_while_it_is_faster():
+    rule = PlainFallback(window=5, probe_every=2, probe_max=4)
+    assert step(rule, 0, 0) == AR_PROBE
+    assert rule.cost_ar() == pytest.approx(0.10) and rule.ar_rate() == pytest.approx(10.0)   # A = 1 / 0.10
+    for _ in range(3):                    # 3 tokens in 0.2 s: S = 15 tokens/s > A = 10
+        assert step(rule, 3, 0.2) == SPECULATE
+    assert rule.speculation_rate() == pytest.approx(15.0)
+
+
+def test_one_slow_round_is_ignored_and_a_lasting_slowdown_falls_back_within_three_rounds():
+    rule = PlainFallback(window=5, probe_every=2, probe_max=4)
+    step(rule, 0, 0)
+    for _ in range(3):
+        step(rule, 3, 0.2)
+    assert step(rule, 3, 2.0) == SPECULATE          # seconds [.2 .2 .2 2.0]: median 0.2, S = 15
+    assert not rule.falling_back
+    # load: every round 0.5 s. Window (5) after each: [.2 .2 .2 2 .5] median .2 -> S 15;
+    # [.2 .2 2 .5 .5] median .5 -> S = 3 / 0.5 = 6 < A = 10: fallback after the second loaded round
+    assert step(rule, 3, 0.5) == SPECULATE and not rule.falling_back
+    assert step(rule, 3, 0.5) == SPECULATE and rule.falling_back
+    assert rule.speculation_rate() == pytest.approx(6.0)
+
+
+def loaded(rule: PlainFallback) -> PlainFallback:
+    """A rule that just fell back: A = 10 tokens/s; ceil(W/2) speculative rounds, each 3 tokens in
+    0.5 s (S = 6), the fewest it trusts."""
+    step(rule, 0, 0)
+    for _ in range(rule.needed):
+        assert not rule.falling_back
+        step(rule, 3, 0.5)
+    assert rule.falling_back and rule.idle == 0
+    return rule
+
+
+def test_probes_back_off_while_speculation_keeps_losing():
+    rule = loaded(PlainFallback(window=5, probe_every=2, probe_max=4))
+    # wait 2: two AR rounds, a probe (6 tokens/s < 10: lost), wait doubles to 4, then 4 AR rounds,
+    # a probe, and the wait stays at probe_max = 4
+    choices = [step(rule, 3, 0.5) for _ in range(13)]
+    assert choices == [FALLBACK, FALLBACK, PROBE, FALLBACK, FALLBACK, FALLBACK, FALLBACK, PROBE,
+                       FALLBACK, FALLBACK, FALLBACK, FALLBACK, PROBE]
+    assert rule.wait == 4
+
+
+def test_when_the_load_drops_good_probes_follow_each_other_until_speculation_wins_again():
+    rule = loaded(PlainFallback(window=5, probe_every=2, probe_max=4))
+    assert [step(rule, 3, 0.5) for _ in range(2)] == [FALLBACK, FALLBACK]
+    # quiet again: each probe 3 tokens in 0.2 s (15/s >= A). Window seconds after each probe:
+    # [.5 .5 .5 .2] median .5, S 6: probe again; [.5 .5 .5 .2 .2] median .5: again;
+    # [.5 .5 .2 .2 .2] median .2, S = 15 >= 10: speculation resumes
+    assert [step(rule, 3, 0.2) for _ in range(4)] == [PROBE, PROBE, PROBE, SPECULATE]
+    assert not rule.falling_back and rule.wait == 2
+
+
+def test_rising_acceptance_brings_speculation_back_at_the_same_cost():
+    rule = loaded(PlainFallback(window=3, probe_every=1, probe_max=1))
+    # window 3: S = mean tokens / median seconds. 3 tokens in 0.5 s: 6/s. Acceptance rises: 8 tokens
+    # in 0.5 s (16/s) per probe; tokens [3 3 8]: mean 14/3, S = 9.33 < 10: probe again;
+    # [3 8 8]: mean 19/3, S = 12.67 >= 10: speculate
+    assert step(rule, 8, 0.5) == FALLBACK
+    assert [step(rule, 8, 0.5) for _ in range(3)] == [PROBE, PROBE, SPECULATE]
+
+
+def scripted_round(ctl: EntropyController, entropies, accepted, draft_step_s, verify_s, ar_s):
+    """One round of the loop against `ctl`: (start_round's limit, submitted, trace)."""
+    limit = ctl.start_round(limit=16)
+    drafted = 0
+    while limit and drafted < len(entropies):
+        drafted += 1
+        if not ctl.keep_drafting(entropies[:drafted]):
+            break
+    k = ctl.submit_count(drafted) if limit else 0
+    trace = ctl.trace()
+    ctl.observe(entropies[:k], min(accepted, k), k, draft_step_s if k else None, verify_s if k else ar_s)
+    return limit, k, trace
+
+
+def test_the_entropy_controller_runs_a_fallback_round_as_no_draft_and_traces_why():
+    ctl = EntropyController(warmup_rounds=0, cost_window=3, probe_every=1, probe_max=1, prior_k=2)
+    ctl.c_draft, ctl.mu_acc, ctl.mu_rej = 0.01, 0.3, 3.0
+    ctl.c_verify.add(1, 1.0)
+    ctl.c_verify.add(4, 1.0)
+    low = [0.3] * 16
+    limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)       # A = 20 tokens/s
+    assert (limit, k, trace["choice"]) == (0, 0, AR_PROBE) and "survival" not in trace
+    for _ in range(2):     # k <= 16 drafts, all accepted: at most 17 tokens in 16 * 0.01 + 1.0 s, < 20/s
+        limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
+        assert trace["choice"] == SPECULATE and k >= 1 and trace["cost_ar"] == pytest.approx(0.05)
+    limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
+    assert (limit, k, trace["choice"]) == (0, 0, FALLBACK)
+    limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
+    assert trace["choice"] == PROBE and 1 <= k <= 2                               # a probe drafts <= prior_k
+    assert 0 not in ctl.c_verify.by_k                                             # C_AR is no point of C_v(k)
+
+
+def test_without_fallback_the_rule_never_chooses_plain_decoding():
+    ctl = EntropyController(warmup_rounds=0, fallback=False)
+    ctl.c_draft, ctl.mu_acc, ctl.mu_rej = 0.01, 0.3, 3.0
+    ctl.c_verify.add(1, 0.5)
+    for _ in range(10):
+        limit, k, trace = scripted_round(ctl, [0.3] * 16, 0, 0.01, 5.0, ar_s=0.001)
+        assert limit > 0 and k >= 1 and "choice" not in trace
