@@ -10,6 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import sparsespec.harness.runner as runner
+from analysis.load import load_results
 from sparsespec.errors import ConfigError
 from sparsespec.harness.checks import check_config
 from sparsespec.harness.order import prompt_order
@@ -106,6 +107,9 @@ def test_a_benchmark_decodes_each_prompt_in_its_drawn_order_and_records_it(decod
     assert [positions(samples, row) for row in range(5)] == [order for _, order in calls]
     assert all(sorted(s[row]["run_position"] for s in samples.values()) == [0, 1, 2] for row in range(5))
     assert all(s["outputs_match_ar"] for entry in METHODS for s in samples[entry])   # still lossless
+    frame = load_results(tmp_path / "cell")                      # analysis reads the column
+    assert sorted(zip(frame["method"], frame["prompt_id"], frame["run_position"])) == \
+           sorted((s["method"], s["prompt_id"], s["run_position"]) for rows in samples.values() for s in rows)
 
 
 def test_fixed_decodes_ar_then_the_listed_methods(decoded, tmp_path):
