@@ -31,7 +31,8 @@ OPTION_COLUMNS = ("controller", "k", "budget")
 # Scalars of one samples.jsonl line.
 SAMPLE_COLUMNS = ("prompt_id", "context_tokens", "new_tokens", "prefill_s", "decode_s",
                   "tokens_per_s", "mean_accepted", "acceptance_rate", "ar_tokens_per_s",
-                  "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "score")
+                  "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "score",
+                  "run_position")
 TIME_SPLIT_KEYS = ("prefill", "draft", "verify", "select", "other")
 # summary.json "metrics", prefixed with "run_" (pooled over the run's prompts).
 METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",

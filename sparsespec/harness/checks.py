@@ -12,6 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from sparsespec.errors import ConfigError
 from sparsespec.options import accepts
 
+from .order import check_run_order
+
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 WANDB_ALIASES = {"dryrun": "offline", "run": "online"}   # W&B's older names, which WANDB_MODE still accepts
@@ -175,3 +177,4 @@ def check_config(cfg: DictConfig) -> None:
     device_name(cfg.device)
     check_context_fits(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.max_context)
     check_method_options(cfg.method.name, method_options(cfg))
+    check_run_order(cfg.run_order)

@@ -1,6 +1,6 @@
 """One run: check the config, load the model and prompts, decode every prompt with each method of
-the run back to back (AR first, as the reference), write samples.jsonl / summary.json per method,
-log to the tracker, print a table.
+the run back to back (AR too, as the reference; in each prompt's own seeded order, `run_order`),
+write samples.jsonl / summary.json per method, log to the tracker, print a table.
 
 A run has one method (`method=...`, written into the run's folder, AR decoded beside it as the
 reference), or several (`bench.methods=[...]`, the side-by-side benchmark: AR and every listed
@@ -31,6 +31,7 @@ from .checks import (as_dict, check_config, check_context_fits, context_warnings
                      method_options, model_spec, resolved_options)
 from .entries import entry_folder, entry_key, method_node, resolved_method_options
 from .folder_lock import hold_folder
+from .order import prompt_order
 from .report import format_bench_table, format_table
 from .results import SUMMARY, SamplesFile, aggregate, batch_metrics, build_sample, check_resume, sample_key, write_json
 from .tracking import make_tracker
@@ -294,6 +295,15 @@ def decoders_for(runs: list[MethodRun], cfg: DictConfig) -> dict[str, tuple[str,
     return {**reference, **ar_runs, **others}
 
 
+def in_run_order(decoders: dict, runs: list[MethodRun], cfg: DictConfig, index: int) -> dict:
+    """`decoders` (`decoders_for` some of `runs`) in the run order of prompt (or batch) `index`
+    (order.py), drawn over all of `runs` so that a resume decodes what is left in the order the
+    first sitting had; the unrecorded AR reference takes AR's place. `fixed`: as `decoders_for` lists them."""
+    order = prompt_order(list(dict.fromkeys([AR, *(run.entry for run in runs)])), cfg.seed, index, cfg.run_order)
+    place = {label: order.index(AR if label == REFERENCE else label) for label in decoders}
+    return dict(sorted(decoders.items(), key=lambda item: place[item[0]]))
+
+
 def reference_of(gens: dict, runs: list[MethodRun]):
     """The prompt's AR decode, the reference of every speed-up (None when there is none)."""
     ar_entries = [REFERENCE] + [run.entry for run in runs if run.method == AR]
@@ -341,17 +351,20 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
 
 
 def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
-    """Decode `prompts` one at a time, every unfinished method from one shared prefill of each; record
-    one sample per prompt and method. The bar shows the last method's speed and speed-up."""
+    """Decode `prompts` one at a time, every unfinished method from one shared prefill of each, in the
+    prompt's run order (`in_run_order`); record one sample per prompt and method, with its place in that
+    order (`run_position`). The bar shows the last method's speed and speed-up."""
     bar = tqdm(prompts, unit="prompt", desc=f"{'bench' if is_bench(cfg) else cfg.method.label} x {cfg.task.name}")
     for index, prompt in enumerate(bar):
         todo = [r for r in runs if not r.done(prompt)]
         if todo:
-            gens = decode_prompt(model, prompt.input_ids, decoders_for(todo, cfg), cfg, cfg.seed + index,
+            decoders = in_run_order(decoders_for(todo, cfg), runs, cfg, index)
+            gens = decode_prompt(model, prompt.input_ids, decoders, cfg, cfg.seed + index,
                                  cfg.max_new_tokens, cost_priors, profiles_to_measure(todo, cfg, cost_priors))
             ref = reference_of(gens, todo)
             for method_run in todo:
                 sample = sample_of(method_run, prompt, gens[method_run.entry], ref, model, tokenizer)
+                sample["run_position"] = list(decoders).index(method_run.entry)
                 method_run.samples.append(sample)
                 method_run.finished[sample_key(sample)] = sample
                 method_run.tracker.log_prompt(index, sample)
@@ -361,16 +374,18 @@ def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfi
 
 
 def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
-    """Decode `prompts` batch_size at a time, every method batched (AR first, the reference at the
-    same batch size); record one sample per prompt. A batch with a prompt some method has not
-    finished is decoded again for that method (its finished prompts are kept as they were)."""
+    """Decode `prompts` batch_size at a time, every method batched (AR too, the reference at the
+    same batch size), in the batch's run order (drawn from its first prompt's index); record one sample
+    per prompt. A batch with a prompt some method has not finished is decoded again for that method
+    (its finished prompts are kept as they were)."""
     size = batch_size(cfg)
     batches = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
     for rows in tqdm(batches, desc=f"batches of {size} x {cfg.task.name}", unit="batch"):
         todo = [r for r in runs if not all(r.done(prompts[i]) for i in rows)]
         if not todo:
             continue
-        gens = decode_batch(model, [prompts[i].input_ids for i in rows], decoders_for(todo, cfg), cfg,
+        decoders = in_run_order(decoders_for(todo, cfg), runs, cfg, rows[0])   # one order a batch
+        gens = decode_batch(model, [prompts[i].input_ids for i in rows], decoders, cfg,
                             cfg.seed + rows[0], cfg.max_new_tokens, cost_priors,
                             profiles_to_measure(todo, cfg, cost_priors))
         ref = reference_of(gens, todo)
@@ -381,6 +396,7 @@ def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfi
                 own = gens[method_run.entry]
                 sample = sample_of(method_run, prompts[index], own[row], ref[row] if ref else None, model, tokenizer)
                 sample.update(batch_fields(own, ref if method_run.method != AR else own, row))
+                sample["run_position"] = list(decoders).index(method_run.entry)
                 method_run.samples.append(sample)
                 method_run.finished[sample_key(sample)] = sample
                 method_run.tracker.log_prompt(index, sample)
