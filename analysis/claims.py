@@ -140,10 +140,11 @@ def claim_context_growth(s: pd.DataFrame) -> Claim:
     series = rows["model"] + "/" + rows["task"]
     cell = series + "/" + rows["ctx"].astype(str)
     records, pooled = [], []
+    contexts = {ctx_label(ctx): "–" for ctx in sorted(rows["ctx"].unique())}     # every series, in context order
     for (model, task), r in rows.groupby(["model", "task"], sort=True):
         by_ctx = {ctx_label(ctx): fmt_ci(estimates.geometric(g["speedup_vs_ar"])) for ctx, g in r.groupby("ctx")}
         slope = estimates.context_slope(r["speedup_vs_ar"], r["ctx"], cell[r.index])
-        records.append({"model": model, "task": task, **by_ctx, "per doubling of context": slope.text(),
+        records.append({"model": model, "task": task, **contexts, **by_ctx, "per doubling of context": slope.text(),
                         "n": slope.sample(), "verdict": slope.verdict()})
     for model, r in rows.groupby("model", sort=True):
         pooled.append(pooled_row(f"{model}, per doubling", estimates.context_slope(

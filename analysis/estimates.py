@@ -9,7 +9,9 @@ and prompts within cells:
 
     log r[cell, prompt] = mu + u[cell] + e[cell, prompt],   u ~ N(0, tau^2), e ~ N(0, sigma^2)
 
-exp(mu) is the pooled ratio, with its 95% Wald interval. "Grows with context" is the slope of the log
+exp(mu) is the pooled ratio, with its 95% Wald interval. Where the mixed model cannot be fitted (no
+spread within any cell, a singular fit, no convergence), the blocked paired test stands in and says
+so: a Student-t interval over the cells' mean logs, each cell one block. "Grows with context" is the slope of the log
 speed-up against log2 context (so exp(slope) is the factor per doubling of context), with a random
 intercept per block (a cell, or a model/task series when pooled, its cells nested as a variance component).
 
@@ -116,6 +118,10 @@ def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:
     except np.linalg.LinAlgError:
         return blocked(frame, why=" (the mixed model's information matrix was singular)")
     mu, se = fit.fe_params["Intercept"], fit.bse_fe["Intercept"]
+    if not (math.isfinite(mu) and math.isfinite(se)):
+        return blocked(frame, why=" (the mixed model gave no standard error)")
+    if not fit.converged:
+        return blocked(frame, why=" (the mixed model did not converge)")
     return Estimate(math.exp(mu), math.exp(mu - Z * se), math.exp(mu + Z * se), len(frame),
                     frame["cell"].nunique(), float(fit.pvalues["Intercept"]), how=_how(fit))
 
@@ -147,14 +153,35 @@ def context_slope(speedups: pd.Series, ctx: pd.Series, blocks: pd.Series, cells:
     try:
         fit = _mixed_fit(frame, "y ~ x", groups="block", vc_formula={"cell": "0 + C(cell)"} if nested else None)
     except np.linalg.LinAlgError:
-        return Estimate(None, None, None, len(frame), n_cells, how="mixed model singular: no slope")
+        return blocked_slope(frame, why=" (the mixed model's information matrix was singular)")
     b, se = fit.fe_params["x"], fit.bse_fe["x"]
+    if not (math.isfinite(b) and math.isfinite(se)):
+        return blocked_slope(frame, why=" (the mixed model gave no standard error)")
+    if not fit.converged:
+        return blocked_slope(frame, why=" (the mixed model did not converge)")
     return Estimate(math.exp(b), math.exp(b - Z * se), math.exp(b + Z * se), len(frame), n_cells,
                     float(fit.pvalues["x"]), how=_how(fit))
 
 
+def blocked_slope(frame: pd.DataFrame, why: str = "") -> Estimate:
+    """The blocked fallback of `context_slope`: least squares of each cell's mean log speed-up on log2
+    ctx, one intercept per block, with its Student-t interval (no estimate without a residual degree of
+    freedom)."""
+    import statsmodels.formula.api as smf
+    means = frame.groupby(["block", "cell"], as_index=False).agg(y=("y", "mean"), x=("x", "first"))
+    formula = "y ~ x + C(block)" if means["block"].nunique() > 1 else "y ~ x"
+    fit = smf.ols(formula, means).fit()
+    if fit.df_resid < 1:
+        return Estimate(None, None, None, len(frame), len(means), how="too few cells for a slope" + why)
+    b, (low, high) = fit.params["x"], fit.conf_int(alpha=1 - LEVEL).loc["x"]
+    p = float(fit.pvalues["x"]) if math.isfinite(fit.pvalues["x"]) else None
+    return Estimate(math.exp(b), math.exp(low), math.exp(high), len(frame), len(means), p,
+                    how="least squares over cell means" + why)
+
+
 def _mixed_fit(frame: pd.DataFrame, formula: str, groups: str, vc_formula: dict | None = None):
-    """statsmodels MixedLM by REML; a fit that did not converge is kept and says so in `_how`."""
+    """statsmodels MixedLM by REML, with the convergence warnings it gave (`fit.warned`); callers
+    replace a fit that did not converge (`fit.converged`)."""
     import statsmodels.formula.api as smf
     from statsmodels.tools.sm_exceptions import ConvergenceWarning
     with warnings.catch_warnings(record=True) as caught:
@@ -162,14 +189,12 @@ def _mixed_fit(frame: pd.DataFrame, formula: str, groups: str, vc_formula: dict 
         warnings.simplefilter("ignore", RuntimeWarning)      # boundary fits (no spread between cells) warn here
         model = smf.mixedlm(formula, frame, groups=frame[groups], vc_formula=vc_formula,
                             re_formula="1")
-        fit = model.fit(reml=True)
+        fit = model.fit(reml=True)          # statsmodels' optimizers in turn (bfgs, then lbfgs) until one converges
     fit.warned = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
     return fit
 
 
 def _how(fit) -> str:
-    """`mixed model`, noting a between-cell variance estimated at 0 (the fit then pools the prompts as
-    one sample) or a fit that did not converge."""
-    if not fit.converged or any("boundary" not in w for w in fit.warned):
-        return "mixed model (did not converge)"
-    return "mixed model (no spread between cells)" if fit.warned else "mixed model"
+    """`mixed model`, noting a variance estimated at 0 (no spread between cells: the fit then pools those
+    prompts as one sample)."""
+    return "mixed model (a variance at 0)" if any("boundary" in w for w in fit.warned) else "mixed model"

@@ -85,3 +85,15 @@ def test_context_slope_recovers_the_change_per_doubling():
     assert alone.ratio == pytest.approx(1.08, rel=1e-4)
     two_contexts = one[one["ctx"] <= 4000]
     assert estimates.context_slope(two_contexts["speedup"], two_contexts["ctx"], cell[two_contexts.index]).ratio is None
+
+
+def test_the_blocked_slope_fits_cell_means_with_one_intercept_per_block():
+    """The fallback when the mixed model cannot fit: 1.1 per doubling in both series, whatever their level."""
+    rows = [{"y": math.log(base * 1.1 ** math.log2(ctx / 1000) * j), "x": math.log2(ctx), "block": b,
+             "cell": f"{b}/{ctx}"} for b, base in (("s1", 1.2), ("s2", 2.0)) for ctx in (1000, 2000, 4000)
+            for j in (0.95, 1 / 0.95)]
+    est = estimates.blocked_slope(pd.DataFrame(rows))
+    assert est.ratio == pytest.approx(1.1) and est.how == "least squares over cell means"
+    assert (est.n, est.cells) == (12, 6)
+    two = pd.DataFrame([r for r in rows if r["block"] == "s1" and r["x"] < 11.5])
+    assert estimates.blocked_slope(two).ratio is None                     # two cells: no residual freedom
