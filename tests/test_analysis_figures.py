@@ -54,3 +54,19 @@ def test_speedup_vs_context_draws_geometric_means_and_its_legend_hides_no_data()
     assert np.allclose(sparsespec.lines[0].get_ydata(), 2.0)     # geometric mean of 2 x (0.9, 1, 1/0.9)
     legend = ax.get_legend().get_window_extent()
     assert legend.x0 >= ax.get_window_extent().x1                 # beside the axes, never over them
+
+
+def test_method_table_leaves_acceptance_empty_for_a_run_that_drafted_nothing():
+    from analysis.tables import method_comparison
+    def run(name, method, rounds, acceptance):
+        return {"run": name, "experiment": "method_comparison", "model": "m", "task": "qa", "source": "embedded",
+                "hardware": "cpu", "ctx": 1000.0, "method": method, "k": math.nan, "budget": math.nan,
+                "prompt_id": "0", "rounds": rounds, "run_n_prompts": 1, "run_acceptance_rate": acceptance,
+                "run_outputs_match_ar": 1.0, **{c: 1.0 for c in ("run_tokens_per_s", "run_ar_tokens_per_s",
+                "run_speedup_vs_ar", "run_speedup_vs_ar_ci95_low", "run_speedup_vs_ar_ci95_high",
+                "run_speedup_vs_ar_std", "run_mean_accepted")}}
+    df = pd.DataFrame([run("a", "pld", [{"drafted": 0, "accepted": 0}], 0.0),
+                       run("b", "streaming", [{"drafted": 4, "accepted": 0}], 0.0)])
+    table = method_comparison(df).set_index("method")
+    assert math.isnan(table.loc["pld", "acceptance_rate"])
+    assert table.loc["streaming", "acceptance_rate"] == 0.0          # drafted, none accepted: a true 0%
