@@ -95,12 +95,23 @@ def speedup_vs_context(df: pd.DataFrame) -> FigureList:
         stats = geometric_across_prompts(group, ["label", "ctx"], "speedup_vs_ar")
         errorbar_lines(ax, stats, "ctx", "label", err="log95")
         ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ar (1.00×)")
-        context_axis(ax, group["ctx"])
+        shown = _paper_points(ax, set(group["label"]))
+        context_axis(ax, [*group["ctx"], *([paper.SETTING["ctx"]] if shown else [])])
         ax.set_ylabel("decode speed-up over AR (×, geometric mean)")
         legend_outside(ax)
         caption(fig, group, "Speedup vs context length", err="log95")
         figures.append((f"speedup_vs_context__{suffix}", fig))
     return figures
+
+
+def _paper_points(ax, labels: set[str]) -> bool:
+    """The paper's reported speed-ups at its context (hollow stars) for the methods drawn; whether any was."""
+    reported = [row for row in paper.MAIN_TABLE if row["method"] in labels and row["method"] != "ar"]
+    for row in reported:
+        ax.plot([paper.SETTING["ctx"]], [row["speedup"]], marker="*", markersize=11, mfc="none", linestyle="none",
+                color="0.25", label=f"paper: {row['paper_method']} {row['speedup']:.2f}× "
+                                    f"({paper.SETTING['model']}, {paper.SETTING['hardware']})")
+    return bool(reported)
 
 
 def acceptance_vs_context(df: pd.DataFrame) -> FigureList:

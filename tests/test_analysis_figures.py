@@ -70,3 +70,11 @@ def test_method_table_leaves_acceptance_empty_for_a_run_that_drafted_nothing():
     table = method_comparison(df).set_index("method")
     assert math.isnan(table.loc["pld", "acceptance_rate"])
     assert table.loc["streaming", "acceptance_rate"] == 0.0          # drafted, none accepted: a true 0%
+
+
+def test_speedup_vs_context_shows_the_papers_point_for_the_methods_drawn():
+    (stem, fig), = plots.speedup_vs_context(speedup_frame())
+    ax = fig.axes[0]
+    stars = [line for line in ax.get_lines() if line.get_label().startswith("paper: ")]
+    assert len(stars) == 1 and "SparseSpec-L 2.79×" in stars[0].get_label()     # streaming/pld: not in the paper's table
+    assert list(stars[0].get_xdata()) == [64000] and 64000 in ax.get_xticks()
