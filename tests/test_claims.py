@@ -1,17 +1,14 @@
-"""analysis.claims: each claim's verdict follows the numbers (synthetic results with known answers),
-and the command checks everything before it writes, publishing only when asked."""
+"""analysis.claims: each claim's three-way verdict follows the numbers (synthetic results with known
+answers); the command's checks and publishing are tested in test_analysis_provenance.py."""
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis import claims
-from analysis.figures import main as figures_main
 from analysis.provenance import PoolingError
 
 AR_SPEED = {2000: 20.0, 8000: 10.0, 32000: 4.0}
