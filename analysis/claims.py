@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis import estimates
 from analysis.estimates import NOT_MEASURABLE, Estimate, combined_verdict
-from analysis.frames import with_labels
+from analysis.frames import fixed_k_inversion, with_labels
 from analysis.load import results_or_exit
 from analysis.provenance import PoolingError, cell_provenance, check_poolable, duplicate_prompts
 from analysis.tables import ctx_label
@@ -63,7 +63,8 @@ def samples(df: pd.DataFrame) -> pd.DataFrame:
     problem = duplicate_prompts(out)
     if problem:
         raise PoolingError(problem)
-    return out[[*CELL, "label", "prompt_id", "tokens_per_s", "speedup_vs_ar", "outputs_match_ar", "mean_accepted"]]
+    return out[[*CELL, "label", "method", "k", "prompt_id", "tokens_per_s", "speedup_vs_ar", "outputs_match_ar",
+                "mean_accepted"]]
 
 
 def fmt_ci(ci: stats.MeanCI | Estimate, unit: str = "×") -> str:
@@ -208,14 +209,10 @@ def claim_controller(s: pd.DataFrame) -> Claim:
         present = [k for k in FIXED_K if k in set(rows["label"])]
         if CONTROLLER not in set(rows["label"]) or not present:
             continue
-        speed = {k: estimates.geometric(rows.loc[rows["label"] == k, "tokens_per_s"]).ratio for k in present}
-        fastest = max(speed, key=speed.get)
-        accepted = {k: rows.loc[rows["label"] == k, "mean_accepted"].mean() for k in present}
-        longest = max(present, key=lambda k: int(k.split("=")[1]))
-        inversion = longest != fastest and accepted[longest] > accepted[fastest]
+        inversion = fixed_k_inversion(rows[rows["label"].isin(present)])
         records.append({**cell, **{f"controller / {k.split(' ')[-1]}": fmt_ci(paired_ratio(rows, CONTROLLER, k))
                                    for k in present},
-                        "inversion among fixed k": "yes" if inversion else "no"})
+                        "inversion among fixed k": {True: "yes", False: "no", None: "–"}[inversion]})
     table = pd.DataFrame(records)
     pooled = {k: pooled_ratio(s, CONTROLLER, k) for k in FIXED_K}
     pooled = {k: e for k, e in pooled.items() if e.ratio is not None}

@@ -79,6 +79,21 @@ def geometric_across_prompts(df: pd.DataFrame, by: list[str], value: str) -> pd.
     return pd.DataFrame(records, columns=[*by, "mean", "low", "high", "n"])
 
 
+def fixed_k_inversion(cell: pd.DataFrame) -> bool | None:
+    """The efficiency inversion among one cell's fixed-k runs (rows labelled by `with_labels`): the
+    longest fixed k accepts more tokens per round than the fastest fixed k (geometric mean tokens/s over
+    prompts), yet is not the fastest. None with fewer than two fixed k."""
+    from analysis.estimates import geometric
+    fixed = cell[cell["method"].isin(FIXED_K_METHODS) & cell["k"].notna()]
+    if fixed["k"].nunique() < 2:
+        return None
+    by_k = fixed.groupby("k")
+    speed = by_k["tokens_per_s"].agg(lambda v: geometric(v).ratio)
+    accepted = by_k["mean_accepted"].mean()
+    fastest, longest = speed.idxmax(), speed.index.max()
+    return bool(longest != fastest and accepted[longest] > accepted[fastest])
+
+
 def chosen_k_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
     """The rounds that drafted the k their run chose: a fixed-k run's rounds that drafted exactly k (an
     end round cut short by the token limit drafts fewer), and every round of a run that picks k itself

@@ -16,8 +16,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import paper
-from analysis.frames import (across_prompts, chosen_k_rounds, draft_tokens_frame, geometric_across_prompts,
-                             pooled_rates, rounds_frame, select_experiment, setting_title, speculative, with_labels)
+from analysis.frames import (across_prompts, chosen_k_rounds, draft_tokens_frame, fixed_k_inversion,
+                             geometric_across_prompts, pooled_rates, rounds_frame, select_experiment, setting_title, speculative, with_labels)
 from analysis.metrics import auc, predicted_ratio, roc_curve
 from analysis.estimates import geometric
 
@@ -331,6 +331,7 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
         left.set_xlabel("draft length k (tokens)")
         left.set_ylabel("tokens / s per round (measured)")
         left.plot([], [], color="0.5", linestyle=":", label="fastest k of each line")
+        left.plot([], [], linestyle="none", label=_inversion_note(rows, group["model"].iloc[0], group["task"].iloc[0]))
         legend_outside(left)
         _predicted_panel(right, traces[(traces["model"] == group["model"].iloc[0]) &
                                        (traces["task"] == group["task"].iloc[0]) &
@@ -340,6 +341,15 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
                 "chose), and the controller's prediction", err="log95")
         figures.append((f"efficiency_inversion__{suffix}", fig))
     return figures
+
+
+def _inversion_note(rows: pd.DataFrame, model: str, task: str) -> str:
+    """`inversion among fixed k: 2 of 3 contexts`, by the rule of the claims table (`fixed_k_inversion`)."""
+    same = with_labels(rows[(rows["model"] == model) & (rows["task"] == task)])
+    found = [fixed_k_inversion(cell) for _, cell in same.groupby("ctx", sort=True)]
+    found = [f for f in found if f is not None]
+    return (f"inversion among fixed k (whole runs, as in the claims table): {sum(found)} of {len(found)} contexts"
+            if found else "inversion among fixed k: fewer than two fixed k ran")
 
 
 def _predicted_panel(ax, rounds: pd.DataFrame) -> None:

@@ -78,3 +78,13 @@ def test_speedup_vs_context_shows_the_papers_point_for_the_methods_drawn():
     stars = [line for line in ax.get_lines() if line.get_label().startswith("paper: ")]
     assert len(stars) == 1 and "SparseSpec-L 2.79×" in stars[0].get_label()     # streaming/pld: not in the paper's table
     assert list(stars[0].get_xdata()) == [64000] and 64000 in ax.get_xticks()
+
+
+def test_the_inversion_is_a_longer_fixed_k_that_accepts_more_yet_runs_slower():
+    from analysis.frames import fixed_k_inversion
+    def cell(speeds: dict, accepted: dict) -> pd.DataFrame:
+        return pd.DataFrame([{"method": "sparsespec_fixed", "k": float(k), "tokens_per_s": s * j,
+                              "mean_accepted": accepted[k]} for k, s in speeds.items() for j in (0.9, 1 / 0.9)])
+    assert fixed_k_inversion(cell({4: 10.0, 16: 8.0}, {4: 4.0, 16: 9.0})) is True       # k=16 accepts more, runs slower
+    assert fixed_k_inversion(cell({4: 10.0, 16: 12.0}, {4: 4.0, 16: 9.0})) is False     # the longest k is fastest
+    assert fixed_k_inversion(cell({4: 10.0}, {4: 4.0})) is None
