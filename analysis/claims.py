@@ -432,9 +432,9 @@ def write_report(folder: Path, markdown_name: str, markdown: str, figure, figure
     None (`--doc none`), the generated block of `doc` (read and checked beforehand by `text_with_block`).
     Returns the line that says what was written."""
     (folder / markdown_name).write_text(markdown)
+    from analysis.figures import save_figure
     (folder / "figures").mkdir(exist_ok=True)
-    for suffix in ("png", "pdf"):
-        figure.savefig(folder / "figures" / f"{figure_stem}.{suffix}", dpi=150)
+    save_figure(figure, folder / "figures", figure_stem)
     wrote = f"wrote {folder / markdown_name}, {folder / 'figures' / f'{figure_stem}.png'}"
     if doc_text is not None:
         Path(doc).write_text(replace_block(doc_text, block, begin, end, where=doc))

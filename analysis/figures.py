@@ -26,10 +26,15 @@ from analysis.provenance import PoolingError, check_poolable  # noqa: E402
 from analysis.tables import TABLES, write_table  # noqa: E402
 
 
+# No creation date in a PDF: the same results give the same bytes, so a regenerated figure shows in a diff
+# only when it changed.
+STABLE_METADATA = {"png": {}, "pdf": {"CreationDate": None}}
+
+
 def save_figure(fig, out_dir: Path, stem: str) -> list[Path]:
-    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
+    paths = [out_dir / f"{stem}.{suffix}" for suffix in STABLE_METADATA]
     for path in paths:
-        fig.savefig(path, dpi=150)
+        fig.savefig(path, dpi=150, metadata=STABLE_METADATA[path.suffix[1:]])
     return paths
 
 
