@@ -3,6 +3,7 @@ number, so that `analysis.figures` and `analysis.claims` accept and refuse the s
 
 - A prompt decoded twice by one method in one cell (a cell run twice: two machines, two batch sizes,
   a rerun beside the first run) is refused: means and paired ratios would silently pool both runs.
+- A decode speed or speed-up that is not positive is refused: every ratio is taken on the log scale.
 - Runs of one cell made at different commits are refused unless asked for (`allow_mixed_commits`):
   a cell's methods are compared with one another, so they must run the same code.
 """
@@ -51,10 +52,23 @@ def mixed_commits(df: pd.DataFrame) -> str | None:
             f"--allow-mixed-commits to pool them ({len(mixed)} cell(s) are mixed)")
 
 
+def nonpositive_speeds(df: pd.DataFrame) -> str | None:
+    """One line naming a sample whose decode tokens/s or speed-up is 0 or negative (no log, so no
+    ratio on the log scale), or None. Missing values (AR's own speed-up) are not checked."""
+    for column in ("tokens_per_s", "speedup_vs_ar"):
+        bad = df[df[column].notna() & (df[column] <= 0)]
+        if not bad.empty:
+            row = bad.iloc[0]
+            return (f"{column} is {row[column]:g} for prompt {row['prompt_id']} of run {row['run']}; ratios need "
+                    f"positive speeds (a run that timed nothing cannot be compared)")
+    return None
+
+
 def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False) -> None:
-    """Raise PoolingError when `df` holds a prompt twice in a cell, or (unless allowed) a cell made at
-    several commits."""
-    for problem in (duplicate_prompts(df), None if allow_mixed_commits else mixed_commits(df)):
+    """Raise PoolingError when `df` holds a prompt twice in a cell, a speed that is not positive, or
+    (unless allowed) a cell made at several commits."""
+    for problem in (duplicate_prompts(df), nonpositive_speeds(df),
+                    None if allow_mixed_commits else mixed_commits(df)):
         if problem:
             raise PoolingError(problem)
 

@@ -125,3 +125,15 @@ def test_cell_provenance_shows_commit_and_the_dirty_and_noisy_flags(tmp_path):
     table = cell_provenance(load_results(tmp_path / "r")).set_index("ctx")
     assert table.loc[8000, ["commit", "dirty tree", "noisy"]].tolist() == ["aaaaaaaa", "no", "no"]
     assert table.loc[4000, ["commit", "dirty tree", "noisy"]].tolist() == ["bbbbbbbb", "yes", "yes"]
+
+
+def test_a_speed_that_is_not_positive_is_one_line_not_a_traceback(tmp_path, capsys):
+    results = write_cell(tmp_path / "zero")
+    path = results / "chunk" / "0_m_qa_ctx8000" / "streaming" / "samples.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[1].update(tokens_per_s=0.0, speedup_vs_ar=0.0)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert claims.main([str(results), "--no-figures"]) == 2
+    assert "tokens_per_s is 0 for prompt 001" in capsys.readouterr().err
+    assert figures_main([str(results), "--out", str(tmp_path / "fig"), "--no-progress"]) == 2
+    assert not (results / "claims.md").exists() and not (tmp_path / "fig").exists()
