@@ -108,6 +108,8 @@ def geometric(values) -> Estimate:
 def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:
     """The pooled ratio over cells: a random-intercept mixed model of log ratio with cells as blocks
     (one cell: the geometric mean over its prompts)."""
+    keep = ratios.notna().to_numpy()                 # a missing ratio drops with its cell label
+    ratios, cells = ratios[keep], cells[keep]
     frame = pd.DataFrame({"y": _logs(ratios) if len(ratios) else [], "cell": cells.astype(str).to_numpy()})
     if frame["cell"].nunique() < 2:
         return geometric(ratios)
@@ -142,6 +144,9 @@ def context_slope(speedups: pd.Series, ctx: pd.Series, blocks: pd.Series, cells:
     speed-up on log2 ctx, with a random intercept per block (and `cells` nested in the blocks as a
     variance component, when given). `n` counts prompts, `cells` the distinct contexts x blocks.
     Fewer than 3 cells (two contexts cannot tell a slope from noise between cells): no estimate."""
+    keep = speedups.notna().to_numpy()
+    speedups, ctx, blocks = speedups[keep], ctx[keep], blocks[keep]
+    cells = None if cells is None else cells[keep]
     frame = pd.DataFrame({"y": _logs(speedups), "x": np.log2(ctx.astype(float).to_numpy()),
                           "block": blocks.astype(str).to_numpy(),
                           "cell": (cells if cells is not None else blocks.astype(str) + "/" + ctx.astype(str))

@@ -97,3 +97,11 @@ def test_the_blocked_slope_fits_cell_means_with_one_intercept_per_block():
     assert (est.n, est.cells) == (12, 6)
     two = pd.DataFrame([r for r in rows if r["block"] == "s1" and r["x"] < 11.5])
     assert estimates.blocked_slope(two).ratio is None                     # two cells: no residual freedom
+
+
+def test_a_missing_ratio_is_dropped_with_its_cell_label():
+    df = cells_frame({"a": 1.1, "b": 1.2, "c": 1.05})
+    with_gap = df.copy()
+    with_gap.loc[0, "ratio"] = float("nan")
+    est = estimates.pooled(with_gap["ratio"], with_gap["cell"])
+    assert est.n == len(df) - 1 and est.cells == 3
