@@ -1,17 +1,19 @@
-"""The paper's claims, each checked against the committed CPU matrix: the numbers, with 95%
-confidence intervals over prompts, and a verdict (reproduced / not reproduced / not measurable here).
+"""The paper's claims, each checked against the committed CPU matrix: every ratio on the log scale
+(geometric means), pooled over cells with cells as blocks, and a three-way verdict.
 
-    python -m analysis.claims docs/runs/matrix
+    python -m analysis.claims <results>                      # <results>/claims.md and <results>/figures
+    python -m analysis.claims docs/runs/matrix --publish     # also docs/claims.md and the README's block
 
-One command rebuilds everything the README shows: every figure and table of the matrix
-(`analysis.figures`, into <results>/figures), `docs/claims.md` (each claim with its evidence per
-cell) and the README's results block between the `<!-- claims:begin -->` and `<!-- claims:end -->`
-markers. No number is typed by hand.
+Without `--publish` nothing outside the results folder is written. With it, `docs/claims.md` (each
+claim with its pooled estimates and its evidence per cell) and the README's results block between the
+`<!-- claims:begin -->` and `<!-- claims:end -->` markers are rewritten too. Every input (the results,
+the README's markers, the runs' provenance) is checked before anything is written.
 
 Comparisons between two methods are *paired*: per prompt, method A's decode tokens/s over method B's,
-both decoded in the same process from the same shared prefill; the mean ratio gets a Student-t 95%
-interval (`sparsespec.stats.mean_ci`). A is "ahead" where that interval lies above 1, "behind" where
-it lies below 1, and "tied" otherwise.
+both decoded in the same process from the same shared prefill. Per cell, the ratios' geometric mean
+gets a Student-t 95% interval on the log scale; pooled over cells, a mixed model with cells as blocks
+(`analysis.estimates`). A claim is reproduced when its pooled interval lies on the claimed side of 1,
+contradicted only when it lies wholly on the other side, and inconclusive otherwise.
 """
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.frames import with_labels
+from analysis import estimates
+from analysis.estimates import NOT_MEASURABLE, Estimate, combined_verdict
+from analysis.frames import fixed_k_inversion, with_labels
 from analysis.load import results_or_exit
+from analysis.provenance import PoolingError, cell_provenance, check_poolable, duplicate_prompts
 from analysis.tables import ctx_label
 from sparsespec import stats
 from sparsespec.tables import markdown_table
@@ -32,8 +37,8 @@ CONTROLLER = "sparsespec"
 FIXED_K = ("sparsespec_fixed k=4", "sparsespec_fixed k=8", "sparsespec_fixed k=16")
 SAME_K_RECYCLED = "sparsespec_fixed k=4"          # recycled top-K at streaming's and SnapKV's default k=4 and budget
 SIMPLER_DRAFTS = ("streaming", "snapkv_static")
+OTHER_DRAFTERS = ("layerskip", "assisted")
 LONG_CONTEXT = 20_000                             # "beyond 20K": the paper's long-context comparisons
-SELECTION_MIN_CTX = 8_000                         # the issue's bar for recycled top-K: 8K and above
 MARK_BEGIN, MARK_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 CELL = ["model", "task", "ctx"]
 
@@ -41,29 +46,31 @@ CELL = ["model", "task", "ctx"]
 @dataclass
 class Claim:
     claim: str
-    verdict: str                    # reproduced | not reproduced | not measurable here
-    summary: str                    # one sentence with the numbers that decide it
-    evidence: pd.DataFrame = field(default_factory=pd.DataFrame)
+    verdict: str                    # reproduced | contradicted | inconclusive | not measurable here
+    summary: str                    # one sentence naming each deciding estimate, its interval and its n
+    evidence: pd.DataFrame = field(default_factory=pd.DataFrame)      # per cell
+    pooled: pd.DataFrame = field(default_factory=pd.DataFrame)        # the estimates the verdict rests on
 
 
 # ------------------------------------------------------------------------------------ frames
 
 def samples(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (cell, method label, prompt) with its decode tokens/s and speed-up over AR.
-    A prompt decoded twice by one method in one cell (a cell run twice, on two machines) is an error:
-    pairing and intervals would silently pool the two."""
+    A prompt decoded twice by one method in one cell (a cell run twice, on two machines) is a
+    PoolingError: pairing and intervals would silently pool the two."""
     out = with_labels(df)
     out["ctx"] = out["ctx"].astype(int)
-    twice = out[out.duplicated([*CELL, "label", "prompt_id"], keep=False)]
-    if not twice.empty:
-        first = twice.iloc[0]
-        raise SystemExit(f"error: prompt {first['prompt_id']} of {first['label']} at {first['model']}/{first['task']}/"
-                         f"{first['ctx']} appears in {twice['run'].nunique()} runs; give analysis.claims one run per "
-                         f"cell and method (a separate results folder per machine or batch size)")
-    return out[[*CELL, "label", "prompt_id", "tokens_per_s", "speedup_vs_ar", "outputs_match_ar", "mean_accepted"]]
+    problem = duplicate_prompts(out)
+    if problem:
+        raise PoolingError(problem)
+    return out[[*CELL, "label", "method", "k", "prompt_id", "tokens_per_s", "speedup_vs_ar", "outputs_match_ar",
+                "mean_accepted"]]
 
 
-def fmt_ci(ci: stats.MeanCI, unit: str = "×") -> str:
+def fmt_ci(ci: stats.MeanCI | Estimate, unit: str = "×") -> str:
+    """`1.52× [1.20, 1.93]`; `–` without a value; `1.52× (n=1)` without an interval."""
+    if isinstance(ci, Estimate):
+        return ci.text(unit)
     if ci.mean is None:
         return "–"
     if ci.low is None:
@@ -71,24 +78,40 @@ def fmt_ci(ci: stats.MeanCI, unit: str = "×") -> str:
     return f"{ci.mean:.2f}{unit} [{ci.low:.2f}, {ci.high:.2f}]"
 
 
-def speedup_ci(rows: pd.DataFrame, label: str) -> stats.MeanCI:
-    return stats.mean_ci(rows.loc[rows["label"] == label, "speedup_vs_ar"])
+def speedup_ci(rows: pd.DataFrame, label: str) -> Estimate:
+    """Geometric mean speed-up over AR of `label` in one cell, with its 95% interval."""
+    return estimates.geometric(rows.loc[rows["label"] == label, "speedup_vs_ar"])
 
 
-def paired_ratio(rows: pd.DataFrame, a: str, b: str) -> stats.MeanCI:
-    """Per prompt tokens/s of `a` over `b`, over the prompts both decoded."""
-    wide = rows[rows["label"].isin([a, b])].pivot_table(index="prompt_id", columns="label", values="tokens_per_s")
-    if a not in wide or b not in wide:
-        return stats.MeanCI(0, None, None, None, None)
-    both = wide[[a, b]].dropna()
-    return stats.mean_ci(both[a] / both[b])
+def paired(rows: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Per cell and prompt both decoded: tokens/s of `a` over `b` (`ratio`), with the cell's name."""
+    both = rows[rows["label"].isin([a, b])].pivot_table(index=[*CELL, "prompt_id"], columns="label",
+                                                        values="tokens_per_s")
+    if a not in both or b not in both:
+        return pd.DataFrame(columns=[*CELL, "prompt_id", "ratio", "cell"])
+    both = both[[a, b]].dropna().reset_index()
+    both["ratio"] = both[a] / both[b]
+    both["cell"] = [f"{m}/{t}/{c}" for m, t, c in zip(both["model"], both["task"], both["ctx"])]
+    return both[[*CELL, "prompt_id", "ratio", "cell"]]
 
 
-def standing(ci: stats.MeanCI) -> str:
-    if ci.mean is None:
+def paired_ratio(rows: pd.DataFrame, a: str, b: str) -> Estimate:
+    """Geometric mean over prompts of `a`'s tokens/s over `b`'s, over the prompts both decoded (one cell)."""
+    return estimates.geometric(paired(rows, a, b)["ratio"])
+
+
+def pooled_ratio(rows: pd.DataFrame, a: str, b: str) -> Estimate:
+    """`a` over `b` pooled over every cell of `rows` that ran both (cells as blocks)."""
+    pairs = paired(rows, a, b)
+    return estimates.pooled(pairs["ratio"], pairs["cell"]) if len(pairs) else estimates.NONE
+
+
+def standing(ci: Estimate) -> str:
+    """ahead (interval above 1), behind (below 1), tied; without an interval, the side of the estimate."""
+    if ci.ratio is None:
         return "–"
     if ci.low is None:
-        return "ahead" if ci.mean > 1 else "behind"
+        return "ahead" if ci.ratio > 1 else "behind"
     return "ahead" if ci.low > 1 else "behind" if ci.high < 1 else "tied"
 
 
@@ -97,122 +120,128 @@ def cells(s: pd.DataFrame):
         yield dict(zip(CELL, key)), rows
 
 
+def pooled_row(what: str, est: Estimate, **extra) -> dict:
+    """One line of a claim's pooled table: the estimate, its interval, its n, p and verdict."""
+    return {"comparison": what, **extra, "estimate [95% CI]": est.text(), "n": est.sample(),
+            "p": "–" if est.p is None else f"{est.p:.2g}", "fit": est.how or "–", "verdict": est.verdict()}
+
+
+def named(what: str, est: Estimate) -> str:
+    """`what 1.06× [1.01, 1.11] (n = 54 prompts in 18 cells)`: a verdict's estimate, interval and n."""
+    return f"{what} {est.text()} ({est.sample()})"
+
+
 # ------------------------------------------------------------------------------------ claims
 
 def claim_context_growth(s: pd.DataFrame) -> Claim:
-    records, falling = [], []
-    for (model, task), rows in s[s["label"] == CONTROLLER].groupby(["model", "task"], sort=True):
-        by_ctx = {ctx: stats.mean_ci(r["speedup_vs_ar"]) for ctx, r in rows.groupby("ctx", sort=True)}
-        means = [ci.mean for ci in by_ctx.values()]
-        rises = len(means) > 1 and all(b > a for a, b in zip(means, means[1:]))
-        if len(means) > 1 and not rises:
-            falling.append(f"{model}/{task}")
-        records.append({"model": model, "task": task, **{ctx_label(ctx): fmt_ci(ci) for ctx, ci in by_ctx.items()},
-                        "rises": "yes" if rises else ("–" if len(means) < 2 else "no")})
-    measured = [r for r in records if r["rises"] != "–"]
-    if not measured:
-        return Claim("The speed-up grows with context length", "not measurable here",
-                     "no model was run at two or more contexts", pd.DataFrame(records))
-    verdict = "reproduced" if not falling else "not reproduced"
-    summary = (f"SparseSpec-L's speed-up over AR rises with context in {len(measured) - len(falling)} of "
-               f"{len(measured)} model/task series" + (f"; not in {', '.join(falling)}" if falling else ""))
-    return Claim("The speed-up grows with context length", verdict, summary, pd.DataFrame(records))
+    """The slope of log speed-up over AR against log2 context: per model and task (cells as blocks),
+    per model (tasks as blocks, cells nested) and pooled (model/task series as blocks, cells nested)."""
+    claim = "The speed-up grows with context length"
+    rows = s[s["label"] == CONTROLLER]
+    series = rows["model"] + "/" + rows["task"]
+    cell = series + "/" + rows["ctx"].astype(str)
+    records, pooled = [], []
+    contexts = {ctx_label(ctx): "–" for ctx in sorted(rows["ctx"].unique())}     # every series, in context order
+    for (model, task), r in rows.groupby(["model", "task"], sort=True):
+        by_ctx = {ctx_label(ctx): fmt_ci(estimates.geometric(g["speedup_vs_ar"])) for ctx, g in r.groupby("ctx")}
+        slope = estimates.context_slope(r["speedup_vs_ar"], r["ctx"], cell[r.index])
+        records.append({"model": model, "task": task, **contexts, **by_ctx, "per doubling of context": slope.text(),
+                        "n": slope.sample(), "verdict": slope.verdict()})
+    for model, r in rows.groupby("model", sort=True):
+        pooled.append(pooled_row(f"{model}, per doubling", estimates.context_slope(
+            r["speedup_vs_ar"], r["ctx"], r["task"], cell[r.index])))
+    overall = estimates.context_slope(rows["speedup_vs_ar"], rows["ctx"], series, cell) if len(rows) else estimates.NONE
+    pooled.append(pooled_row("every model and task, per doubling", overall))
+    if overall.ratio is None:
+        return Claim(claim, NOT_MEASURABLE, "no model was run at enough contexts to fit a slope",
+                     pd.DataFrame(records), pd.DataFrame(pooled))
+    return Claim(claim, overall.verdict(),
+                 named("SparseSpec-L's speed-up over AR changes per doubling of context by", overall)
+                 + ", pooled over model/task series", pd.DataFrame(records), pd.DataFrame(pooled))
 
 
 def claim_across_tasks(s: pd.DataFrame) -> Claim:
-    records = []
-    for model, rows in s[s["label"] == CONTROLLER].groupby("model", sort=True):
-        longest = rows["ctx"].max()
-        for task, r in rows[rows["ctx"] == longest].groupby("task", sort=True):
-            ci = stats.mean_ci(r["speedup_vs_ar"])
-            records.append({"model": model, "ctx": longest, "task": task, "speed-up vs AR": fmt_ci(ci),
-                            "above 1": "yes" if ci.low is not None and ci.low > 1 else "no"})
-    table = pd.DataFrame(records)
-    if table.empty or table["task"].nunique() < 3:
-        return Claim("It holds across summarization, QA and code", "not measurable here",
-                     "the matrix lacks one of the three tasks", table)
-    held = (table["above 1"] == "yes").sum()
-    verdict = "reproduced" if held == len(table) else "not reproduced"
-    return Claim("It holds across summarization, QA and code", verdict,
-                 f"at each model's longest context, the speed-up's 95% interval lies above 1 in {held} of "
-                 f"{len(table)} model/task cells", table)
+    """Per task, the speed-up over AR pooled over each model's longest-context cell of that task."""
+    claim = "It holds across summarization, QA and code"
+    rows = s[s["label"] == CONTROLLER]
+    longest = rows[rows["ctx"] == rows.groupby("model")["ctx"].transform("max")]
+    records = [{**cell, "speed-up vs AR": fmt_ci(est), "n": est.n, "standing vs 1": standing(est)}
+               for cell, r in cells(longest) for est in [speedup_ci(r, CONTROLLER)]]
+    pooled = {task: estimates.pooled(r["speedup_vs_ar"], r["model"] + "/" + r["ctx"].astype(str))
+              for task, r in longest.groupby("task", sort=True)}
+    table = pd.DataFrame([pooled_row(f"{task}, speed-up over AR at each model's longest context", est)
+                          for task, est in pooled.items()])
+    if len(pooled) < 3:
+        return Claim(claim, NOT_MEASURABLE, "the matrix lacks one of the three tasks", pd.DataFrame(records), table)
+    return Claim(claim, combined_verdict([e.verdict() for e in pooled.values()]),
+                 "; ".join(named(f"{task}:", est) for task, est in pooled.items()) + ", each pooled over the "
+                 "models' longest contexts", pd.DataFrame(records), table)
 
 
 def claim_beats_other_drafters(s: pd.DataFrame) -> Claim:
-    others = ("layerskip", "assisted")
-    records = []
-    for cell, rows in cells(s):
-        if CONTROLLER not in set(rows["label"]):
-            continue
-        for other in others:
-            if other in set(rows["label"]):
-                ci = paired_ratio(rows, CONTROLLER, other)
-                records.append({**cell, "vs": other, "SparseSpec-L / other": fmt_ci(ci), "standing": standing(ci)})
-    table = pd.DataFrame(records)
-    long = table[table["ctx"] >= LONG_CONTEXT] if not table.empty else table
     claim = "It beats LayerSkip-style and assisted drafting beyond 20K"
-    missing = [o for o in others if long.empty or o not in set(long["vs"])]
+    records = [{**cell, "vs": other, "SparseSpec-L / other": fmt_ci(est), "standing": standing(est)}
+               for cell, rows in cells(s) if CONTROLLER in set(rows["label"])
+               for other in OTHER_DRAFTERS if other in set(rows["label"])
+               for est in [paired_ratio(rows, CONTROLLER, other)]]
+    table = pd.DataFrame(records)
+    long = s[s["ctx"] >= LONG_CONTEXT]
+    pooled = {other: pooled_ratio(long, CONTROLLER, other) for other in OTHER_DRAFTERS}
+    pooled_table = pd.DataFrame([pooled_row(f"SparseSpec-L / {o} at {ctx_label(LONG_CONTEXT)} or more", e)
+                                 for o, e in pooled.items()])
+    missing = [o for o, e in pooled.items() if e.ratio is None]
     if missing:
         shown = f" (the cells below are shorter: up to {ctx_label(table['ctx'].max())})" if not table.empty else ""
-        return Claim(claim, "not measurable here",
+        return Claim(claim, NOT_MEASURABLE,
                      f"no cell at {ctx_label(LONG_CONTEXT)} or more ran {' or '.join(missing)} beside SparseSpec-L{shown}",
-                     table)
-    ahead = (long["standing"] == "ahead").sum()
-    return Claim(claim, "reproduced" if ahead == len(long) else "not reproduced",
-                 f"ahead (paired 95% interval above 1) in {ahead} of {len(long)} comparisons at "
-                 f"{ctx_label(LONG_CONTEXT)} or more", table)
+                     table, pooled_table)
+    return Claim(claim, combined_verdict([e.verdict() for e in pooled.values()]),
+                 "; ".join(named(f"SparseSpec-L / {o}", e) for o, e in pooled.items())
+                 + f", pooled over the cells at {ctx_label(LONG_CONTEXT)} or more", table, pooled_table)
 
 
 def claim_controller(s: pd.DataFrame) -> Claim:
+    """The controller against each fixed k, pooled over every cell that ran both; per cell, against each
+    fixed k and whether a longer fixed k accepted more yet ran slower (the efficiency inversion)."""
+    claim = "The entropy controller beats every fixed k and avoids the efficiency inversion"
     records = []
     for cell, rows in cells(s):
         present = [k for k in FIXED_K if k in set(rows["label"])]
         if CONTROLLER not in set(rows["label"]) or not present:
             continue
-        speed = {k: rows.loc[rows["label"] == k, "tokens_per_s"].mean() for k in present}
-        best = max(speed, key=speed.get)
-        ci = paired_ratio(rows, CONTROLLER, best)
-        accepted = {k: rows.loc[rows["label"] == k, "mean_accepted"].mean() for k in present}
-        longest = max(present, key=lambda k: int(k.split("=")[1]))
-        inversion = longest != best and accepted[longest] > accepted[best]
-        records.append({**cell, "best fixed k": best.split(" ")[-1], "controller / best fixed k": fmt_ci(ci),
-                        "standing": standing(ci), "inversion among fixed k": "yes" if inversion else "no"})
+        inversion = fixed_k_inversion(rows[rows["label"].isin(present)])
+        records.append({**cell, **{f"controller / {k.split(' ')[-1]}": fmt_ci(paired_ratio(rows, CONTROLLER, k))
+                                   for k in present},
+                        "inversion among fixed k": {True: "yes", False: "no", None: "–"}[inversion]})
     table = pd.DataFrame(records)
-    claim = "The entropy controller beats every fixed k and avoids the efficiency inversion"
-    if table.empty:
-        return Claim(claim, "not measurable here", "no cell ran the controller beside fixed k", table)
-    behind = (table["standing"] == "behind").sum()
-    ahead = (table["standing"] == "ahead").sum()
+    pooled = {k: pooled_ratio(s, CONTROLLER, k) for k in FIXED_K}
+    pooled = {k: e for k, e in pooled.items() if e.ratio is not None}
+    pooled_table = pd.DataFrame([pooled_row(f"controller / {k.split(' ')[-1]}", e) for k, e in pooled.items()])
+    if not pooled:
+        return Claim(claim, NOT_MEASURABLE, "no cell ran the controller beside fixed k", table, pooled_table)
     inverted = (table["inversion among fixed k"] == "yes").sum()
-    # "beats every fixed k": never behind, and ahead in most cells; ties with a best k picked after the
-    # fact are not a win, and one "ahead" among 15 cells of 3 prompts is what chance alone gives often
-    verdict = "reproduced" if behind == 0 and 2 * ahead > len(table) else "not reproduced"
-    return Claim(claim, verdict,
-                 f"against the best fixed k of each cell (chosen after the fact): ahead in {ahead}, tied in "
-                 f"{len(table) - ahead - behind}, behind in {behind} of {len(table)} cells; a longer fixed k accepted "
-                 f"more yet ran slower (the inversion) in {inverted} cells", table)
+    return Claim(claim, combined_verdict([e.verdict() for e in pooled.values()]),
+                 "pooled over cells, " + "; ".join(named(f"controller / {k.split(' ')[-1]}", e)
+                                                   for k, e in pooled.items())
+                 + f"; a longer fixed k accepted more yet ran slower (the inversion) in {inverted} of "
+                   f"{len(table)} cells", table, pooled_table)
 
 
 def claim_selection(s: pd.DataFrame) -> Claim:
-    records = []
-    for cell, rows in cells(s):
-        for other in SIMPLER_DRAFTS:
-            if {SAME_K_RECYCLED, other} <= set(rows["label"]):
-                ci = paired_ratio(rows, SAME_K_RECYCLED, other)
-                records.append({**cell, "vs": other, "recycled top-K / other (k=4, same budget)": fmt_ci(ci),
-                                "standing": standing(ci)})
-    table = pd.DataFrame(records)
     claim = "Recycled top-K beats a streaming draft and a static SnapKV draft at the same budget"
-    if table.empty:
-        return Claim(claim, "not measurable here", "no cell ran recycled top-K beside streaming or SnapKV", table)
-    target = table[(table["ctx"] >= SELECTION_MIN_CTX) & table["task"].isin(["qa", "code"])]
-    ahead = (table["standing"] == "ahead").sum()
-    behind = (table["standing"] == "behind").sum()
-    target_ahead = (target["standing"] == "ahead").sum() if not target.empty else 0
-    verdict = "reproduced" if len(target) and target_ahead == len(target) and behind == 0 else "not reproduced"
-    return Claim(claim, verdict,
-                 f"ahead in {ahead}, behind in {behind} of {len(table)} comparisons; at {ctx_label(SELECTION_MIN_CTX)} "
-                 f"and above on QA and code ahead in {target_ahead} of {len(target)}", table)
+    records = [{**cell, "vs": other, "recycled top-K / other (k=4, same budget)": fmt_ci(est),
+                "standing": standing(est)}
+               for cell, rows in cells(s) for other in SIMPLER_DRAFTS if {SAME_K_RECYCLED, other} <= set(rows["label"])
+               for est in [paired_ratio(rows, SAME_K_RECYCLED, other)]]
+    pooled = {o: pooled_ratio(s, SAME_K_RECYCLED, o) for o in SIMPLER_DRAFTS}
+    pooled = {o: e for o, e in pooled.items() if e.ratio is not None}
+    pooled_table = pd.DataFrame([pooled_row(f"recycled top-K (k=4) / {o}", e) for o, e in pooled.items()])
+    if not pooled:
+        return Claim(claim, NOT_MEASURABLE, "no cell ran recycled top-K beside streaming or SnapKV",
+                     pd.DataFrame(records), pooled_table)
+    return Claim(claim, combined_verdict([e.verdict() for e in pooled.values()]),
+                 "pooled over cells, " + "; ".join(named(f"recycled top-K / {o}", e) for o, e in pooled.items())
+                 + " (k = 4, the same budget)", pd.DataFrame(records), pooled_table)
 
 
 def claim_quality(s: pd.DataFrame) -> Claim:
@@ -220,14 +249,14 @@ def claim_quality(s: pd.DataFrame) -> Claim:
     matched = speculative["outputs_match_ar"].dropna()
     claim = "Output quality is unchanged"
     if matched.empty:
-        return Claim(claim, "not measurable here", "no greedy sample was compared with AR")
+        return Claim(claim, NOT_MEASURABLE, "no greedy sample was compared with AR")
     same = int(matched.astype(bool).sum())
     table = (speculative.groupby("label")["outputs_match_ar"].agg(["mean", "size"])
              .rename(columns={"mean": "share token-identical to AR", "size": "samples"}).reset_index())
     summary = f"{same} of {len(matched)} greedy outputs of the speculative methods are token-identical to AR's"
     if same == len(matched):
         summary += " (so every task score is identical; lm-eval parity is tested in tests/test_lm_eval.py)"
-    return Claim(claim, "reproduced" if same == len(matched) else "not reproduced", summary, table)
+    return Claim(claim, estimates.REPRODUCED if same == len(matched) else estimates.CONTRADICTED, summary, table)
 
 
 CLAIMS = (claim_context_growth, claim_across_tasks, claim_beats_other_drafters, claim_controller,
@@ -244,6 +273,10 @@ def check_claims(s: pd.DataFrame) -> list[Claim]:
 WALL_TIMES = "wall_times.tsv"        # experiments/run_matrix.sh: chunk, seconds, finished (one line a sitting)
 
 
+class WallTimesError(ValueError):
+    """A wall_times.tsv line that is not chunk<TAB>seconds<TAB>finished."""
+
+
 def chunk_wall_seconds(results: Path) -> dict[str, float]:
     """Wall seconds of each chunk, summed over its logged sittings ({} without the file). A sitting
     that was killed logs nothing, so a resumed chunk shows the sittings that finished."""
@@ -258,7 +291,7 @@ def chunk_wall_seconds(results: Path) -> dict[str, float]:
         try:
             walls[fields[0]] = walls.get(fields[0], 0.0) + float(fields[1])
         except (IndexError, ValueError):
-            raise SystemExit(f"error: {path} line {number}: expected chunk<TAB>seconds<TAB>finished, got {line!r}") from None
+            raise WallTimesError(f"{path} line {number}: expected chunk<TAB>seconds<TAB>finished, got {line!r}") from None
     return walls
 
 
@@ -303,23 +336,38 @@ def claims_table(claims: list[Claim]) -> str:
     return markdown_table([{"claim": c.claim, "verdict": f"**{c.verdict}**", "measured": c.summary} for c in claims])
 
 
+PUBLISH = "--publish"
+METHOD_NOTE = ("Every ratio is on the log scale: a geometric mean with its Student-t 95% interval over prompts in a "
+               "cell, and pooled over cells by a mixed model (cells as blocks, prompts within cells; statsmodels "
+               "MixedLM, 95% Wald interval). A claim is **reproduced** when its pooled interval lies on the claimed "
+               "side of 1, **contradicted** only when it lies wholly on the other side, and **inconclusive** "
+               "otherwise. Comparisons between methods are paired per prompt.")
+
+
 def claims_document(claims: list[Claim], s: pd.DataFrame, results: str, hardware: str,
-                    prefill: pd.DataFrame | None = None) -> str:
+                    prefill: pd.DataFrame | None = None, provenance: pd.DataFrame | None = None) -> str:
     parts = ["# The paper's claims, measured on the CPU matrix", "",
-             f"Generated by `python -m analysis.claims {results}` from the committed run summaries; do not edit by "
-             f"hand. Hardware: {hardware}. Greedy, 128 new tokens, prefill excluded from every speed. "
-             "Intervals are Student-t 95% over prompts; comparisons between methods are paired per prompt.", "",
-             claims_table(claims), ""]
+             f"Generated by `python -m analysis.claims {results} {PUBLISH}` from the committed run summaries; do not "
+             f"edit by hand. Hardware: {hardware}. Greedy, 128 new tokens, prefill excluded from every speed.", "",
+             METHOD_NOTE, "", claims_table(claims), ""]
     for c in claims:
         parts += [f"## {c.claim}: {c.verdict}", "", c.summary + ".", ""]
+        if not c.pooled.empty:
+            parts += ["Pooled estimates (the verdict rests on these):", "", markdown_table(c.pooled), ""]
         if not c.evidence.empty:
-            parts += [markdown_table(c.evidence), ""]
-    parts += ["## Speed-up over AR, every cell", "", markdown_table(speedup_table(s)), ""]
+            parts += ["Per cell:", "", markdown_table(c.evidence), ""]
+    parts += ["## Speed-up over AR, every cell", "", "Geometric mean over prompts, 95% interval.", "",
+              markdown_table(speedup_table(s)), ""]
+    if provenance is not None and not provenance.empty:
+        parts += ["## Provenance of each cell", "", PROVENANCE_NOTE, "", markdown_table(provenance), ""]
     if prefill is not None and not prefill.empty:
         parts += ["## One shared prefill a prompt", "", PREFILL_NOTE, "", markdown_table(prefill), ""]
     return "\n".join(parts)
 
 
+PROVENANCE_NOTE = ("The commit each cell's runs were made at (runs of one cell at several commits are refused unless "
+                   "`--allow-mixed-commits`), whether any ran from a modified tree (`dirty tree`), and whether the "
+                   "benchmark found the machine busy before or after it (`noisy`).")
 PREFILL_NOTE = ("AR and every engine method decode each prompt from one prefill (transformers' generate() rows "
                 "prefill their own); a prefill saved is one each method but the first would otherwise have run. "
                 "Chunk wall time is the whole chunk (`wall_times.tsv`), prefill and decoding of every method.")
@@ -331,15 +379,16 @@ def readme_block(claims: list[Claim], s: pd.DataFrame, results: str, prefill: pd
     measured = "; ".join(f"{model} at {', '.join(ctx_label(c) for c in sorted(rows['ctx'].unique()))}"
                          for model, rows in s.groupby("model", sort=True))
     return "\n".join([MARK_BEGIN,
-                      f"<!-- generated by `python -m analysis.claims {results}`; edits here are overwritten -->",
+                      f"<!-- generated by `python -m analysis.claims {results} {PUBLISH}`; edits here are overwritten -->",
                       f"Cells measured so far: {measured}.", "",
                       claims_table(claims), "",
-                      "Speed-up over AR (decode tokens/s, same process, same prompts; 95% interval over prompts):", "",
+                      "Speed-up over AR (decode tokens/s, same process, same prompts; geometric mean and 95% interval "
+                      "over prompts):", "",
                       markdown_table(controller), "",
                       *(["Shared prefill, per model and context: " + PREFILL_NOTE, "", markdown_table(prefill), ""]
                         if prefill is not None and not prefill.empty else []),
-                      f"Every cell and method, and each claim's evidence: [docs/claims.md](docs/claims.md); "
-                      f"figures and cost tables: `{results}/figures/`.", MARK_END])
+                      f"Every cell and method, the pooled estimates and each cell's provenance: "
+                      f"[docs/claims.md](docs/claims.md); figures and cost tables: `{results}/figures/`.", MARK_END])
 
 
 def text_with_block(path: Path, begin: str = MARK_BEGIN, end: str = MARK_END, option: str = "--readme") -> str:
@@ -383,9 +432,9 @@ def write_report(folder: Path, markdown_name: str, markdown: str, figure, figure
     None (`--doc none`), the generated block of `doc` (read and checked beforehand by `text_with_block`).
     Returns the line that says what was written."""
     (folder / markdown_name).write_text(markdown)
+    from analysis.figures import save_figure
     (folder / "figures").mkdir(exist_ok=True)
-    for suffix in ("png", "pdf"):
-        figure.savefig(folder / "figures" / f"{figure_stem}.{suffix}", dpi=150)
+    save_figure(figure, folder / "figures", figure_stem)
     wrote = f"wrote {folder / markdown_name}, {folder / 'figures' / f'{figure_stem}.png'}"
     if doc_text is not None:
         Path(doc).write_text(replace_block(doc_text, block, begin, end, where=doc))
@@ -393,29 +442,55 @@ def write_report(folder: Path, markdown_name: str, markdown: str, figure, figure
     return wrote
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m analysis.claims", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="the matrix's results folder (e.g. docs/runs/matrix)")
-    parser.add_argument("--claims", type=Path, default=Path("docs/claims.md"), help="where the details go")
-    parser.add_argument("--readme", type=Path, default=Path("README.md"), help="whose claims block to fill")
+    parser.add_argument(PUBLISH, action="store_true",
+                        help="also rewrite the published claims: --claims and the README's claims block")
+    parser.add_argument("--claims", type=Path, help="with --publish: where the details go (default docs/claims.md)")
+    parser.add_argument("--readme", help="with --publish: whose claims block to fill (default README.md; none: no README)")
     parser.add_argument("--no-figures", action="store_true", help="skip the figures and cost tables")
+    parser.add_argument("--allow-mixed-commits", action="store_true",
+                        help="pool the runs of a cell made at different commits (refused by default)")
     args = parser.parse_args(argv)
-    readme = text_with_block(args.readme)
+    if not args.publish and (args.claims or args.readme):
+        parser.error(f"--claims and --readme name published files; they apply only with {PUBLISH}")
+    args.claims = args.claims or Path("docs/claims.md")
+    args.readme = None if args.readme == "none" else Path(args.readme or "README.md")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check every input, compute every claim, then write: <results>/claims.md (or, with --publish,
+    --claims and the README's block) and <results>/figures."""
+    args = parse_args(argv)
+    readme = text_with_block(args.readme) if args.publish and args.readme else None
     df = results_or_exit(args.results)
-    walls = chunk_wall_seconds(Path(args.results))        # read (and checked) before anything is written
+    try:
+        walls = chunk_wall_seconds(Path(args.results))
+        check_poolable(df, args.allow_mixed_commits)
+        s = samples(df)
+    except (PoolingError, WallTimesError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    claims = check_claims(s)
+    hardware = ", ".join(sorted(df["hardware"].dropna().astype(str).unique())) or "unknown"
+    prefill = prefill_savings(df, walls)
+    document = claims_document(claims, s, args.results, hardware, prefill, cell_provenance(df))
+    readme_text = None if readme is None else replace_block(readme, readme_block(claims, s, args.results, prefill))
+    # everything is checked and computed: only writing is left
     if not args.no_figures:
         from analysis.figures import generate
         generate(df, Path(args.results) / "figures")
-    s = samples(df)
-    claims = check_claims(s)
-    hardware = ", ".join(sorted(df["hardware"].dropna().astype(str).unique())) or "unknown"
-    args.claims.parent.mkdir(parents=True, exist_ok=True)
-    prefill = prefill_savings(df, walls)
-    args.claims.write_text(claims_document(claims, s, args.results, hardware, prefill))
-    args.readme.write_text(replace_block(readme, readme_block(claims, s, args.results, prefill)))
+    target = args.claims if args.publish else Path(args.results) / "claims.md"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(document)
+    if readme_text is not None:
+        args.readme.write_text(readme_text)
     for c in claims:
         print(f"{c.verdict:>20}  {c.claim}")
-    print(f"wrote {args.claims} and the claims block of {args.readme}")
+    print(f"wrote {target}" + (f" and the claims block of {args.readme}" if readme_text is not None else "")
+          + ("" if args.publish else f" (nothing published: {PUBLISH} also rewrites docs/claims.md and the README)"))
     return 0
 
 

@@ -3,7 +3,9 @@
     python -m analysis.figures multirun/ --out figures/
     python -m analysis.figures --wandb entity/project --group speedup_vs_context_cpu --out figures/
 
-A figure whose data is absent is skipped with a printed note.
+A figure whose data is absent is skipped with a printed note. Results that would be pooled wrongly
+(a prompt decoded twice by one method in one cell; a cell run at several commits, unless
+`--allow-mixed-commits`) are refused before anything is written, as `analysis.claims` refuses them.
 """
 from __future__ import annotations
 
@@ -20,13 +22,19 @@ from tqdm import tqdm  # noqa: E402
 
 from analysis.load import load_results, load_wandb  # noqa: E402
 from analysis.plots import FIGURES, SkipFigure  # noqa: E402
+from analysis.provenance import PoolingError, check_poolable  # noqa: E402
 from analysis.tables import TABLES, write_table  # noqa: E402
 
 
+# No creation date in a PDF: the same results give the same bytes, so a regenerated figure shows in a diff
+# only when it changed.
+STABLE_METADATA = {"png": {}, "pdf": {"CreationDate": None}}
+
+
 def save_figure(fig, out_dir: Path, stem: str) -> list[Path]:
-    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
+    paths = [out_dir / f"{stem}.{suffix}" for suffix in STABLE_METADATA]
     for path in paths:
-        fig.savefig(path, dpi=150)
+        fig.savefig(path, dpi=150, metadata=STABLE_METADATA[path.suffix[1:]])
     return paths
 
 
@@ -81,6 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--group", help="W&B run group to load (with --wandb)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"a subset of {sorted({**FIGURES, **TABLES})}")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--allow-mixed-commits", action="store_true",
+                        help="pool the runs of a cell made at different commits (refused by default)")
     return parser.parse_args(argv)
 
 
@@ -93,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if df.empty:
         print("error: no samples.jsonl found under " + ", ".join(args.results or [args.wandb]), file=sys.stderr)
+        return 2
+    try:
+        check_poolable(df, args.allow_mixed_commits)
+    except PoolingError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"loaded {len(df)} samples from {df['run'].nunique()} runs")
     written = generate(df, args.out, args.only, progress=not args.no_progress)

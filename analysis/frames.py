@@ -66,6 +66,44 @@ def across_prompts(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
     return out
 
 
+def geometric_across_prompts(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Geometric mean, its Student-t 95% interval on the log scale (`analysis.estimates.geometric`;
+    low = high = mean below two prompts) and the count of a positive ratio `value` across prompts, per group."""
+    from analysis.estimates import geometric
+    records = []
+    for key, values in df.dropna(subset=[value]).groupby(by, dropna=False, sort=True)[value]:
+        est = geometric(values)
+        records.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "mean": est.ratio,
+                        "low": est.ratio if est.low is None else est.low,
+                        "high": est.ratio if est.high is None else est.high, "n": est.n})
+    return pd.DataFrame(records, columns=[*by, "mean", "low", "high", "n"])
+
+
+def fixed_k_inversion(cell: pd.DataFrame) -> bool | None:
+    """The efficiency inversion among one cell's fixed-k runs (rows labelled by `with_labels`): the
+    longest fixed k accepts more tokens per round than the fastest fixed k (geometric mean tokens/s over
+    prompts), yet is not the fastest. None with fewer than two fixed k."""
+    from analysis.estimates import geometric
+    fixed = cell[cell["method"].isin(FIXED_K_METHODS) & cell["k"].notna()]
+    if fixed["k"].nunique() < 2:
+        return None
+    by_k = fixed.groupby("k")
+    speed = by_k["tokens_per_s"].agg(lambda v: geometric(v).ratio)
+    accepted = by_k["mean_accepted"].mean()
+    fastest, longest = speed.idxmax(), speed.index.max()
+    return bool(longest != fastest and accepted[longest] > accepted[fastest])
+
+
+def chosen_k_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """The rounds that drafted the k their run chose: a fixed-k run's rounds that drafted exactly k (an
+    end round cut short by the token limit drafts fewer), and every round of a run that picks k itself
+    except each prompt's last (the one the token limit may cut)."""
+    fixed = rounds["controller"] == "fixed"
+    as_chosen = rounds["drafted"] == rounds["k"]
+    last = rounds["round"] == rounds.groupby(["run", "prompt_id"])["round"].transform("max")
+    return rounds[(fixed & as_chosen) | (~fixed & ~last)]
+
+
 def _ci_half_width(values: list[float]) -> float:
     ci = stats.mean_ci(values)
     return 0.0 if ci.high is None else (ci.high - ci.low) / 2

@@ -44,8 +44,11 @@ METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", 
                "batch_speedup_vs_ar_ci95_low", "batch_speedup_vs_ar_ci95_high", "sequence_latency_s_mean",
                "batch_bound", "batch_bound_reached")
 
+# Where a run's code came from and how quiet its machine was (summary.json env.git, run.bench.noisy).
+PROVENANCE_COLUMNS = ("commit", "dirty", "noisy")
+
 COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s",
-            "prefill_sharers", "job")
+            "prefill_sharers", "job", *PROVENANCE_COLUMNS)
            + SAMPLE_COLUMNS + ("n_rounds",) + tuple(f"time_{k}_s" for k in TIME_SPLIT_KEYS)
            + tuple(f"run_{k}" for k in METRIC_KEYS) + ("rounds",))
 
@@ -150,6 +153,13 @@ def hardware_label(env: dict, run: dict) -> str:
     return str(env.get("cpu") or device or "unknown")
 
 
+def provenance(env: dict, run: dict) -> dict:
+    """The run's commit and whether its tree was modified (None when not recorded), and whether its
+    benchmark found the machine busy before or after it (None outside a benchmark)."""
+    git = env.get("git") or {}
+    return {"commit": git.get("commit"), "dirty": git.get("dirty"), "noisy": (run.get("bench") or {}).get("noisy")}
+
+
 def budget_fraction(budget: Any, context_tokens: Any) -> float:
     """The draft budget as a fraction of the KV cache: itself when < 1, else tokens / context."""
     if budget is None or (isinstance(budget, float) and math.isnan(budget)):
@@ -179,6 +189,7 @@ def rows_from_records(summary: dict, samples: list[dict], run_label: str,
             "budget": options.get("budget"),
             "hardware": hardware_label(env, run), "run_wall_s": run_wall_seconds(run),
             "prefill_sharers": prefill_sharers(run), "job": job_label(run, run_label),
+            **provenance(env, run),
             **{f"run_{k}": metrics.get(k) for k in METRIC_KEYS}}
     return [_sample_row(base, sample) for sample in samples]
 
@@ -208,7 +219,7 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     for column in dict.fromkeys(numeric):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     for column in ("run", "job", "experiment", "model", "task", "source", "method", "dtype", "device",
-                   "controller", "hardware", "prompt_id"):
+                   "controller", "hardware", "prompt_id", *PROVENANCE_COLUMNS):
         df[column] = df[column].astype("object")
     return df.sort_values(["model", "task", "method", "ctx", "run", "prompt_id"],
                           na_position="last", kind="stable").reset_index(drop=True)

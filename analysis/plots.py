@@ -2,8 +2,8 @@
 
 Every figure function takes the DataFrame and returns a list of (file stem, Figure), one per
 model x task; it raises `SkipFigure` with a one-line reason when its data is absent.
-Speed-ups are the mean over prompts with its Student-t 95% confidence interval
-(`sparsespec.stats`); other error bars are +-1 standard deviation across prompts. Acceptance
+Speed-ups and the efficiency inversion's speeds per round are the geometric mean over prompts with
+its Student-t 95% interval on the log scale (`analysis.estimates`); other error bars are +-1 standard deviation across prompts. Acceptance
 rate and mean accepted length are pooled over rounds, as in every run summary.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import paper
-from analysis.frames import (across_prompts, draft_tokens_frame, pooled_rates, rounds_frame, select_experiment,
-                             setting_title, speculative, with_labels)
+from analysis.frames import (across_prompts, chosen_k_rounds, draft_tokens_frame, fixed_k_inversion,
+                             geometric_across_prompts, pooled_rates, rounds_frame, select_experiment, setting_title, speculative, with_labels)
 from analysis.metrics import auc, predicted_ratio, roc_curve
-from sparsespec.stats import mean_ci
+from analysis.estimates import geometric
 
 FigureList = list[tuple[str, Figure]]
 
@@ -55,7 +55,8 @@ def context_axis(ax, contexts) -> None:
     ax.set_xlabel("context length (tokens, log scale)")
 
 
-ERROR_BARS = {"std": "±1 s.d. across prompts", "ci95": "95% CI of the mean over prompts (Student t)"}
+ERROR_BARS = {"std": "±1 s.d. across prompts", "ci95": "95% CI of the mean over prompts (Student t)",
+              "log95": "geometric mean, 95% CI on the log scale (Student t)"}
 
 
 def caption(fig: Figure, rows: pd.DataFrame, what: str, err: str = "std") -> None:
@@ -71,8 +72,14 @@ def errorbar_lines(ax, stats: pd.DataFrame, x: str, by: str, err: str = "std") -
     for key, line in stats.groupby(by, sort=True):
         line = line.sort_values(x)
         ours = str(key) == "sparsespec"            # the method under study stands out
-        ax.errorbar(line[x], line["mean"], yerr=line[err], marker="o", capsize=3, label=str(key),
+        yerr = [line["mean"] - line["low"], line["high"] - line["mean"]] if err == "log95" else line[err]
+        ax.errorbar(line[x], line["mean"], yerr=yerr, marker="o", capsize=3, label=str(key),
                     linewidth=2.6 if ours else 1.4, zorder=5 if ours else 2)
+
+
+def legend_outside(ax) -> None:
+    """The legend right of the axes, where it can hide no data point or error bar."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 # ---------------------------------------------------------------- speedup / acceptance vs context
@@ -84,16 +91,27 @@ def speedup_vs_context(df: pd.DataFrame) -> FigureList:
         raise SkipFigure("no sample has speedup_vs_ar (no speculative method with an AR reference)")
     figures = []
     for suffix, group in per_model_task(rows):
-        fig, (ax,) = new_figure()
-        stats = across_prompts(group, ["label", "ctx"], "speedup_vs_ar")
-        errorbar_lines(ax, stats, "ctx", "label", err="ci95")
+        fig, (ax,) = new_figure(width=8.4)          # room for the legend beside the axes
+        stats = geometric_across_prompts(group, ["label", "ctx"], "speedup_vs_ar")
+        errorbar_lines(ax, stats, "ctx", "label", err="log95")
         ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ar (1.00×)")
-        context_axis(ax, group["ctx"])
-        ax.set_ylabel("decode speedup over AR (×, mean of prompts)")
-        ax.legend(fontsize=8)
-        caption(fig, group, "Speedup vs context length", err="ci95")
+        shown = _paper_points(ax, set(group["label"]))
+        context_axis(ax, [*group["ctx"], *([paper.SETTING["ctx"]] if shown else [])])
+        ax.set_ylabel("decode speed-up over AR (×, geometric mean)")
+        legend_outside(ax)
+        caption(fig, group, "Speedup vs context length", err="log95")
         figures.append((f"speedup_vs_context__{suffix}", fig))
     return figures
+
+
+def _paper_points(ax, labels: set[str]) -> bool:
+    """The paper's reported speed-ups at its context (hollow stars) for the methods drawn; whether any was."""
+    reported = [row for row in paper.MAIN_TABLE if row["method"] in labels and row["method"] != "ar"]
+    for row in reported:
+        ax.plot([paper.SETTING["ctx"]], [row["speedup"]], marker="*", markersize=11, mfc="none", linestyle="none",
+                color="0.25", label=f"paper: {row['paper_method']} {row['speedup']:.2f}× "
+                                    f"({paper.SETTING['model']}, {paper.SETTING['hardware']})")
+    return bool(reported)
 
 
 def acceptance_vs_context(df: pd.DataFrame) -> FigureList:
@@ -133,11 +151,11 @@ def fixed_k_ablation(df: pd.DataFrame) -> FigureList:
     figures = []
     for suffix, group in per_model_task(fixed):
         fig, (ax,) = new_figure()
-        stats = across_prompts(group, ["ctx", "k"], "speedup_vs_ar")
+        stats = geometric_across_prompts(group, ["ctx", "k"], "speedup_vs_ar")
         for i, (ctx, line) in enumerate(stats.groupby("ctx", sort=True)):
             color = f"C{i}"
-            ax.errorbar(line["k"], line["mean"], yerr=line["ci95"], marker="o", capsize=3, color=color,
-                        label=f"fixed k, ctx {int(ctx)}")
+            ax.errorbar(line["k"], line["mean"], yerr=[line["mean"] - line["low"], line["high"] - line["mean"]],
+                        marker="o", capsize=3, color=color, label=f"fixed k, ctx {int(ctx)}")
             _controller_band(ax, controlled, group, ctx, color)
         ax.plot(list(k for k in paper.FIXED_K_SPEEDUP if k), [v for k, v in paper.FIXED_K_SPEEDUP.items() if k],
                 "s--", color="0.6", mfc="none", label=f"paper fixed k ({paper.SETTING['model']}, "
@@ -147,19 +165,19 @@ def fixed_k_ablation(df: pd.DataFrame) -> FigureList:
         ax.set_xlabel("draft length k (tokens, fixed)")
         ax.set_ylabel("decode speedup over autoregressive (×)")
         ax.legend(fontsize=7)
-        caption(fig, group, "Fixed-k ablation vs the entropy controller", err="ci95")
+        caption(fig, group, "Fixed-k ablation vs the entropy controller", err="log95")
         figures.append((f"fixed_k_ablation__{suffix}", fig))
     return figures
 
 
 def _controller_band(ax, controlled: pd.DataFrame, group: pd.DataFrame, ctx: float, color: str) -> None:
-    """The controller's mean speedup (and its 95% CI) at the same model, task and context, if measured."""
+    """The controller's geometric mean speedup (and its 95% CI) at the same model, task and context, if measured."""
     same = controlled[(controlled["model"] == group["model"].iloc[0]) &
                       (controlled["task"] == group["task"].iloc[0]) & (controlled["ctx"] == ctx)]
     if same.empty:
         return
-    ci = mean_ci(same["speedup_vs_ar"].tolist())
-    ax.axhline(ci.mean, color=color, linestyle="--", label=f"controller, ctx {int(ctx)}")
+    ci = geometric(same["speedup_vs_ar"])
+    ax.axhline(ci.ratio, color=color, linestyle="--", label=f"controller, ctx {int(ctx)}")
     if ci.low is not None:
         ax.axhspan(ci.low, ci.high, color=color, alpha=0.12)
 
@@ -175,8 +193,8 @@ def budget_ablation(df: pd.DataFrame) -> FigureList:
                              series=group["method"] + " ctx " + group["ctx"].astype(int).astype(str),
                              pct=group["acceptance_rate"] * 100)
         fig, (left, right) = new_figure(ncols=2, width=5.2)
-        errorbar_lines(left, across_prompts(group, ["series", "budget_pct"], "speedup_vs_ar"),
-                       "budget_pct", "series", err="ci95")
+        errorbar_lines(left, geometric_across_prompts(group, ["series", "budget_pct"], "speedup_vs_ar"),
+                       "budget_pct", "series", err="log95")
         left.set_ylabel("decode speedup over autoregressive (×)")
         errorbar_lines(right, across_prompts(group, ["series", "budget_pct"], "pct"), "budget_pct", "series")
         right.set_ylabel("acceptance rate (% of drafted tokens)")
@@ -184,7 +202,8 @@ def budget_ablation(df: pd.DataFrame) -> FigureList:
             ax.set_xlabel("draft budget (% of the KV cache)")
             ax.axvline(paper.SETTING["budget_frac"] * 100, color="0.6", linestyle=":", linewidth=1)
         left.legend(fontsize=8)
-        caption(fig, group, "Draft budget ablation (dotted: the paper's best, ~10%; speed-up bars: 95% CI)")
+        caption(fig, group, "Draft budget ablation (dotted: the paper's best, ~10%; speed-up bars: geometric mean, "
+                "95% CI on the log scale)")
         figures.append((f"budget_ablation__{suffix}", fig))
     return figures
 
@@ -287,7 +306,9 @@ def entropy_trace(df: pd.DataFrame) -> FigureList:
 def efficiency_inversion(df: pd.DataFrame) -> FigureList:
     rows = speculative(select_experiment(df, ("efficiency_inversion",)))
     rounds = rounds_frame(rows)
-    rounds = rounds[(rounds["drafted"] > 0) & rounds["round_tokens_per_s"].notna()] if not rounds.empty else rounds
+    if not rounds.empty:      # only k as chosen: a round cut short by the token limit says nothing of its k
+        rounds = chosen_k_rounds(rounds)
+        rounds = rounds[(rounds["drafted"] > 0) & rounds["round_tokens_per_s"].notna()]
     if rounds.empty or rounds["drafted"].nunique() < 2:
         raise SkipFigure("needs speculative rounds at two or more draft lengths k")
     # The prediction needs the entropy controller's traces; fixed-k runs record none, so they come
@@ -295,7 +316,7 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
     traces = rounds_frame(speculative(df[df["controller"] == "entropy"]))
     figures = []
     for suffix, group in per_model_task(rounds):
-        fig, (left, right) = new_figure(ncols=2, width=5.2)
+        fig, (left, right) = new_figure(ncols=2, width=7.4)      # room for each legend beside its axes
         # SparseSpec-L's rows by who chose k; every other drafter (streaming, pld, ...) keeps its own line
         own = group["method"].astype(str).str.startswith("sparsespec")
         group = group.assign(k_from=group["controller"].map({"fixed": "fixed k", "entropy": "controller's k"})
@@ -303,20 +324,32 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
         per_prompt = group.groupby(["k_from", "run", "prompt_id", "drafted"], as_index=False)[
             "round_tokens_per_s"].mean()
         for k_from, rows_k in per_prompt.groupby("k_from", sort=True):
-            stats = across_prompts(rows_k, ["drafted"], "round_tokens_per_s")
-            left.errorbar(stats["drafted"], stats["mean"], yerr=stats["std"], marker="o", capsize=3,
-                          label=f"measured, {k_from} (emitted / round time)")
+            stats = geometric_across_prompts(rows_k, ["drafted"], "round_tokens_per_s")
+            left.errorbar(stats["drafted"], stats["mean"], yerr=[stats["mean"] - stats["low"], stats["high"] - stats["mean"]],
+                          marker="o", capsize=3, label=f"measured, {k_from} (emitted / round time)")
             _mark_best(left, stats["drafted"], stats["mean"])
         left.set_xlabel("draft length k (tokens)")
         left.set_ylabel("tokens / s per round (measured)")
-        left.legend(fontsize=8)
+        left.plot([], [], color="0.5", linestyle=":", label="fastest k of each line")
+        left.plot([], [], linestyle="none", label=_inversion_note(rows, group["model"].iloc[0], group["task"].iloc[0]))
+        legend_outside(left)
         _predicted_panel(right, traces[(traces["model"] == group["model"].iloc[0]) &
                                        (traces["task"] == group["task"].iloc[0]) &
                                        traces["ctx"].isin(group["ctx"].unique())] if not traces.empty else traces)
         caption(fig, rows[(rows["model"] == group["model"].iloc[0]) & (rows["task"] == group["task"].iloc[0])],
-                "Efficiency inversion: measured tokens/s per round vs k, and the controller's prediction")
+                "Efficiency inversion: measured tokens/s per round vs k (rounds that drafted the k their run "
+                "chose), and the controller's prediction", err="log95")
         figures.append((f"efficiency_inversion__{suffix}", fig))
     return figures
+
+
+def _inversion_note(rows: pd.DataFrame, model: str, task: str) -> str:
+    """`inversion among fixed k: 2 of 3 contexts`, by the rule of the claims table (`fixed_k_inversion`)."""
+    same = with_labels(rows[(rows["model"] == model) & (rows["task"] == task)])
+    found = [fixed_k_inversion(cell) for _, cell in same.groupby("ctx", sort=True)]
+    found = [f for f in found if f is not None]
+    return (f"inversion among fixed k (whole runs, as in the claims table): {sum(found)} of {len(found)} contexts"
+            if found else "inversion among fixed k: fewer than two fixed k ran")
 
 
 def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
@@ -332,13 +365,14 @@ def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
                             "ratio": predicted_ratio(r.survival, r.cost_draft, r.cost_verify)})
               for r in traced.itertuples()]
     per_prompt = pd.concat(curves).groupby(["run", "prompt_id", "m"], as_index=False)["ratio"].mean()
-    stats = across_prompts(per_prompt, ["m"], "ratio")
-    ax.errorbar(stats["m"], stats["mean"], yerr=stats["std"], marker="s", capsize=3, color="C3",
-                label="predicted (1+Σπ_m)/(k·C_d+C_v)")
+    stats = geometric_across_prompts(per_prompt, ["m"], "ratio")
+    ax.errorbar(stats["m"], stats["mean"], yerr=[stats["mean"] - stats["low"], stats["high"] - stats["mean"]],
+                marker="s", capsize=3, color="C3", label="predicted (1+Σπ_m)/(k·C_d+C_v)")
+    ax.plot([], [], color="0.5", linestyle=":", label="k the prediction favours")
     _mark_best(ax, stats["m"], stats["mean"])
     ax.set_xlabel("draft length k (tokens)")
     ax.set_ylabel("expected tokens / s (controller's model)")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
 
 
 def _mark_best(ax, ks, values) -> None:

@@ -26,9 +26,13 @@ SETTING_KEYS = ["model", "task", "source", "hardware", "ctx", "method"]
 
 
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: its setting and the pooled metrics of its summary.json."""
+    """One row per run: its setting, the pooled metrics of its summary.json, and `drafted`, the draft
+    tokens its rounds verified (0: acceptance is undefined, not 0%)."""
+    drafted = df.groupby("run")["rounds"].agg(lambda samples: sum(int(r.get("drafted") or 0)
+                                                                  for rounds in samples for r in rounds or []))
     runs = with_labels(df.drop_duplicates("run"))
     runs["method"] = runs["label"]
+    runs["drafted"] = runs["run"].map(drafted)
     return runs.drop(columns="label")
 
 
@@ -44,6 +48,8 @@ def method_comparison(df: pd.DataFrame) -> pd.DataFrame:
         record["n_prompts"] = int(group["run_n_prompts"].fillna(0).sum())
         record.update({name: group[column].mean() for name, column in RUN_METRICS.items()})
         record["outputs_match_ar"] = group["run_outputs_match_ar"].mean()   # fraction of prompts
+        if not group["drafted"].sum():               # nothing drafted (transformers' generate, an idle pld)
+            record["acceptance_rate"] = math.nan
         if record["method"] == "ar":                 # the reference itself; it drafts nothing
             record["speedup"] = 1.0 if math.isnan(record["speedup"]) else record["speedup"]
             record["speedup_ci95_low"] = record["speedup_ci95_high"] = record["speedup"]

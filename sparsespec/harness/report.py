@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import statistics
 
+from sparsespec import stats
 from sparsespec.tables import format_cell, markdown_table
+
+NOTHING = "–"          # a statistic that does not exist for the row (acceptance of a run that drafted nothing)
 
 
 def _mean_of(samples: list[dict], key: str) -> float | None:
@@ -11,12 +14,33 @@ def _mean_of(samples: list[dict], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def interval(low: float | None, high: float | None) -> str:
+    """`[1.30, 1.46]`: brackets and a comma, so a bound never reads as a range with a minus sign."""
+    return f"[{low:.2f}, {high:.2f}]"
+
+
 def speedup_line(metrics: dict) -> str:
-    """`1.38x (95% CI 1.30-1.46 over 5 prompts)`: the mean per-prompt speed-up and its interval."""
+    """`1.38x (95% CI [1.30, 1.46] over 5 prompts)`: the mean per-prompt speed-up and its interval."""
     mean, low, high = (metrics.get(k) for k in ("speedup_vs_ar", "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high"))
-    interval = (f"95% CI {low:.2f}-{high:.2f} over {metrics['n_prompts']} prompts" if low is not None
-                else f"{metrics['n_prompts']} prompt: no interval below 2 prompts")
-    return f"{format_cell(mean, '.2f')}x ({interval})"
+    ci = (f"95% CI {interval(low, high)} over {metrics['n_prompts']} prompts" if low is not None
+          else f"{metrics['n_prompts']} prompt: no interval below 2 prompts")
+    return f"{format_cell(mean, '.2f')}x ({ci})"
+
+
+def drafted_anything(metrics: dict) -> bool:
+    """Whether any round verified a draft token: `c_verify_s_by_k` is keyed by the drafts a round
+    verified, so a run that drafted nothing has only k = 0 (a summary without the key counts as drafting)."""
+    by_k = metrics.get("c_verify_s_by_k")
+    return by_k is None or any(int(k) > 0 for k in by_k)
+
+
+def acceptance_cell(method: str, metrics: dict, drafted: bool | None = None) -> str:
+    """The acceptance rate, or `–` for AR and for a run that drafted nothing (0.0% would claim every
+    draft token was rejected). `drafted`: known from the samples, else read from the metrics."""
+    drafted = drafted_anything(metrics) if drafted is None else drafted
+    if method == "ar" or not drafted:
+        return NOTHING
+    return format_cell(metrics["acceptance_rate"], ".1%")
 
 
 def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> str:
@@ -34,7 +58,8 @@ def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> 
     columns = ["", method] + (["ar"] if has_ar else [])
     records = [dict(zip(columns, row)) for row in rows]
     formats = {method: ".2f", "ar": ".2f"}
-    records[-1][method] = format_cell(metrics["acceptance_rate"], ".1%")
+    drafted = stats.round_totals(r for s in samples for r in s.get("rounds") or []).drafted > 0
+    records[-1][method] = acceptance_cell(method, metrics, drafted)
     lines = [header, markdown_table(records, columns, formats)]
     if has_ar:
         lines.append(f"speedup vs ar: {speedup_line(metrics)}")
@@ -57,12 +82,12 @@ BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-
 
 def bench_row(entry: str, summary: dict) -> dict:
     m = summary["metrics"]
-    ci = (f" ({m['speedup_vs_ar_ci95_low']:.2f}-{m['speedup_vs_ar_ci95_high']:.2f})"
+    ci = (f" {interval(m['speedup_vs_ar_ci95_low'], m['speedup_vs_ar_ci95_high'])}"
           if m.get("speedup_vs_ar_ci95_low") is not None else "")
     row = {"method": entry, "tokens_per_s": format_cell(m["tokens_per_s"], ".2f"),
            "speedup": f"{format_cell(m['speedup_vs_ar'], '.2f')}x{ci}",
            "mean_accepted": format_cell(m["mean_accepted"], ".2f"),
-           "acceptance_rate": format_cell(m["acceptance_rate"], ".1%"),
+           "acceptance_rate": acceptance_cell((summary.get("run") or {}).get("method", entry), m),
            "outputs_match_ar": format_cell(m["outputs_match_ar"], ".0%"),
            "c_draft_ms": format_cell(m["c_draft_s"] and m["c_draft_s"] * 1e3, ".1f"),
            "c_verify_ms": format_cell(m["c_verify_s"] and m["c_verify_s"] * 1e3, ".1f"),

@@ -1,0 +1,205 @@
+"""Ratios on the log scale, per cell and pooled over cells, and the three-way verdict they give.
+
+Speeds are compared as ratios (method A's decode tokens/s over method B's on the same prompt), and
+ratios average on the log scale: the geometric mean, with its interval exp(mean(log r) +- t s/sqrt(n)).
+A ratio of 2 and one of 1/2 then cancel, and no interval reaches below 0.
+
+Pooled over cells, a comparison is one mixed model (statsmodels MixedLM, REML) with cells as blocks
+and prompts within cells:
+
+    log r[cell, prompt] = mu + u[cell] + e[cell, prompt],   u ~ N(0, tau^2), e ~ N(0, sigma^2)
+
+exp(mu) is the pooled ratio, with its 95% Wald interval. Where the mixed model cannot be fitted (no
+spread within any cell, a singular fit, no convergence), the blocked paired test stands in and says
+so: a Student-t interval over the cells' mean logs, each cell one block. "Grows with context" is the slope of the log
+speed-up against log2 context (so exp(slope) is the factor per doubling of context), with a random
+intercept per block (a cell, or a model/task series when pooled, its cells nested as a variance component).
+
+A claim is reproduced when the 95% interval lies wholly on the claimed side of no effect (a ratio of
+1, a slope of 0), contradicted only when it lies wholly on the other side, and inconclusive otherwise.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sparsespec import stats
+
+REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+NOT_MEASURABLE = "not measurable here"       # no estimate at all: the matrix did not run the comparison
+LEVEL = 0.95
+NO_SPREAD = 1e-9                             # log-ratio SD below which a cell's prompts count as identical
+Z = 1.959963984540054                        # standard normal 0.975 quantile: the mixed model's Wald interval
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A ratio (exp of a log-scale estimate) with its 95% interval, how many prompts and cells it rests
+    on, its p-value against a ratio of 1 (None where not computed), and how it was computed."""
+    ratio: float | None
+    low: float | None
+    high: float | None
+    n: int
+    cells: int
+    p: float | None = None
+    how: str = ""
+
+    def text(self, unit: str = "×") -> str:
+        """`1.52× [1.20, 1.93]`; `–` without an estimate; `1.52× (n=1)` without an interval."""
+        if self.ratio is None:
+            return "–"
+        if self.low is None:
+            return f"{self.ratio:.2f}{unit} (n={self.n})"
+        return f"{self.ratio:.2f}{unit} [{self.low:.2f}, {self.high:.2f}]"
+
+    def sample(self) -> str:
+        """`n = 54 prompts in 18 cells`."""
+        return f"n = {self.n} prompt{'s' * (self.n != 1)} in {self.cells} cell{'s' * (self.cells != 1)}"
+
+    def verdict(self) -> str:
+        return verdict(self)
+
+
+NONE = Estimate(None, None, None, 0, 0)
+
+
+def verdict(estimate: Estimate) -> str:
+    """reproduced (interval above 1), contradicted (interval below 1), inconclusive (it holds 1, or
+    there is no interval), not measurable here (no estimate)."""
+    if estimate.ratio is None:
+        return NOT_MEASURABLE
+    if estimate.low is None:
+        return INCONCLUSIVE
+    return REPRODUCED if estimate.low > 1 else CONTRADICTED if estimate.high < 1 else INCONCLUSIVE
+
+
+def combined_verdict(verdicts: list[str]) -> str:
+    """A claim made of several comparisons: contradicted if any is, reproduced only if all are, not
+    measurable if none could be measured, inconclusive otherwise."""
+    measured = [v for v in verdicts if v != NOT_MEASURABLE]
+    if not measured:
+        return NOT_MEASURABLE
+    if CONTRADICTED in measured:
+        return CONTRADICTED
+    return REPRODUCED if len(measured) == len(verdicts) and set(measured) == {REPRODUCED} else INCONCLUSIVE
+
+
+def _logs(values) -> np.ndarray:
+    values = np.asarray([float(v) for v in values if v is not None and not math.isnan(float(v))])
+    if (values <= 0).any():
+        raise ValueError(f"a ratio must be positive to take its log; got {values[values <= 0][0]}")
+    return np.log(values)
+
+
+def geometric(values) -> Estimate:
+    """Geometric mean of positive ratios (one cell's prompts) with its Student-t 95% interval."""
+    ci = stats.mean_ci(_logs(values).tolist())
+    if ci.mean is None:
+        return NONE
+    if ci.low is None:
+        return Estimate(math.exp(ci.mean), None, None, ci.n, 1, how="one prompt")
+    return Estimate(math.exp(ci.mean), math.exp(ci.low), math.exp(ci.high), ci.n, 1, how="t over prompts")
+
+
+def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:
+    """The pooled ratio over cells: a random-intercept mixed model of log ratio with cells as blocks
+    (one cell: the geometric mean over its prompts)."""
+    keep = ratios.notna().to_numpy()                 # a missing ratio drops with its cell label
+    ratios, cells = ratios[keep], cells[keep]
+    frame = pd.DataFrame({"y": _logs(ratios) if len(ratios) else [], "cell": cells.astype(str).to_numpy()})
+    if frame["cell"].nunique() < 2:
+        return geometric(ratios)
+    if (frame.groupby("cell")["y"].std().fillna(0) < NO_SPREAD).all():
+        return blocked(frame)          # no spread within any cell: the mixed model's likelihood is degenerate
+    try:
+        fit = _mixed_fit(frame, "y ~ 1", groups="cell")
+    except np.linalg.LinAlgError:
+        return blocked(frame, why=" (the mixed model's information matrix was singular)")
+    mu, se = fit.fe_params["Intercept"], fit.bse_fe["Intercept"]
+    if not (math.isfinite(mu) and math.isfinite(se)):
+        return blocked(frame, why=" (the mixed model gave no standard error)")
+    if not fit.converged:
+        return blocked(frame, why=" (the mixed model did not converge)")
+    return Estimate(math.exp(mu), math.exp(mu - Z * se), math.exp(mu + Z * se), len(frame),
+                    frame["cell"].nunique(), float(fit.pvalues["Intercept"]), how=_how(fit))
+
+
+def blocked(frame: pd.DataFrame, why: str = "") -> Estimate:
+    """The blocked paired test: the geometric mean of the cells' geometric means, with a Student-t
+    interval over cells (each cell one block, whatever its number of prompts)."""
+    means = frame.groupby("cell")["y"].mean()
+    ci = stats.mean_ci(means.tolist())
+    t_stat = None if not ci.std else ci.mean / (ci.std / math.sqrt(ci.n))
+    p = None if t_stat is None else 2 * (1 - stats.t_cdf(abs(t_stat), ci.n - 1))
+    return Estimate(math.exp(ci.mean), math.exp(ci.low), math.exp(ci.high), len(frame), ci.n, p,
+                    how="t over cell means" + why)
+
+
+def context_slope(speedups: pd.Series, ctx: pd.Series, blocks: pd.Series, cells: pd.Series | None = None) -> Estimate:
+    """The factor by which the speed-up changes per doubling of context: exp of the slope of log
+    speed-up on log2 ctx, with a random intercept per block (and `cells` nested in the blocks as a
+    variance component, when given). `n` counts prompts, `cells` the distinct contexts x blocks.
+    Fewer than 3 cells (two contexts cannot tell a slope from noise between cells): no estimate."""
+    keep = speedups.notna().to_numpy()
+    speedups, ctx, blocks = speedups[keep], ctx[keep], blocks[keep]
+    cells = None if cells is None else cells[keep]
+    frame = pd.DataFrame({"y": _logs(speedups), "x": np.log2(ctx.astype(float).to_numpy()),
+                          "block": blocks.astype(str).to_numpy(),
+                          "cell": (cells if cells is not None else blocks.astype(str) + "/" + ctx.astype(str))
+                          .astype(str).to_numpy()})
+    n_cells = frame["cell"].nunique()
+    if n_cells < 3 or frame["x"].nunique() < 2:
+        return Estimate(None, None, None, len(frame), n_cells)
+    nested = cells is not None and frame["block"].nunique() < n_cells
+    try:
+        fit = _mixed_fit(frame, "y ~ x", groups="block", vc_formula={"cell": "0 + C(cell)"} if nested else None)
+    except np.linalg.LinAlgError:
+        return blocked_slope(frame, why=" (the mixed model's information matrix was singular)")
+    b, se = fit.fe_params["x"], fit.bse_fe["x"]
+    if not (math.isfinite(b) and math.isfinite(se)):
+        return blocked_slope(frame, why=" (the mixed model gave no standard error)")
+    if not fit.converged:
+        return blocked_slope(frame, why=" (the mixed model did not converge)")
+    return Estimate(math.exp(b), math.exp(b - Z * se), math.exp(b + Z * se), len(frame), n_cells,
+                    float(fit.pvalues["x"]), how=_how(fit))
+
+
+def blocked_slope(frame: pd.DataFrame, why: str = "") -> Estimate:
+    """The blocked fallback of `context_slope`: least squares of each cell's mean log speed-up on log2
+    ctx, one intercept per block, with its Student-t interval (no estimate without a residual degree of
+    freedom)."""
+    import statsmodels.formula.api as smf
+    means = frame.groupby(["block", "cell"], as_index=False).agg(y=("y", "mean"), x=("x", "first"))
+    formula = "y ~ x + C(block)" if means["block"].nunique() > 1 else "y ~ x"
+    fit = smf.ols(formula, means).fit()
+    if fit.df_resid < 1:
+        return Estimate(None, None, None, len(frame), len(means), how="too few cells for a slope" + why)
+    b, (low, high) = fit.params["x"], fit.conf_int(alpha=1 - LEVEL).loc["x"]
+    p = float(fit.pvalues["x"]) if math.isfinite(fit.pvalues["x"]) else None
+    return Estimate(math.exp(b), math.exp(low), math.exp(high), len(frame), len(means), p,
+                    how="least squares over cell means" + why)
+
+
+def _mixed_fit(frame: pd.DataFrame, formula: str, groups: str, vc_formula: dict | None = None):
+    """statsmodels MixedLM by REML, with the convergence warnings it gave (`fit.warned`); callers
+    replace a fit that did not converge (`fit.converged`)."""
+    import statsmodels.formula.api as smf
+    from statsmodels.tools.sm_exceptions import ConvergenceWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)      # boundary fits (no spread between cells) warn here
+        model = smf.mixedlm(formula, frame, groups=frame[groups], vc_formula=vc_formula,
+                            re_formula="1")
+        fit = model.fit(reml=True)          # statsmodels' optimizers in turn (bfgs, then lbfgs) until one converges
+    fit.warned = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+    return fit
+
+
+def _how(fit) -> str:
+    """`mixed model`, noting a variance estimated at 0 (no spread between cells: the fit then pools those
+    prompts as one sample)."""
+    return "mixed model (a variance at 0)" if any("boundary" in w for w in fit.warned) else "mixed model"
