@@ -24,18 +24,36 @@ round's seconds the batch's, the acceptance pooled over the sequences, and only 
 batch took part in (`full_batch_rounds`). Without it the batch opened
 on two warm-up rounds' timings, and one slow k=8 round (2.3 s against ~0.7 s) set C_v's line so
 steep that it predicted C_v(1) < 0 and the batch drafted k=1 to the end (SmolLM2, 8K, B=8).
+
+The profile is sized to the run (`profile_size`): it decodes at most PROFILE_SHARE of the tokens one
+method decodes in the run (num_prompts x max_new_tokens), split over the thread counts compared:
+
+    ks      = the floor's and the default ks below max_new_tokens (a round of k drafts emits k + 1 tokens)
+    repeats = 2 if two cycles fit, else 1; if one cycle does not fit either, the largest k go first
+    floor   = one cycle of k = 1, 2 (C_v's line needs two points)
+
+A run measures it at every thread count (sparsespec/threads.py) with a few AR steps beside it
+(`plan_profiles`, `measure_planned`), and each method decodes at its faster count with the
+profile measured there.
 """
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from . import threads
 from .controller import CostProfile, CycleK, EntropyBins, judged
 from .decode import generate
 from .errors import ConfigError
 from .methods import METHODS
 
 DEFAULT_KS = CycleK.Options().ks
+PROFILE_SHARE = 0.25   # of the run's tokens per method: today's 2-cycle profile still fits a 4 x 128-token run
+FLOOR_KS = (1, 2)      # the fewest ks that fit C_v's line
+MIN_AR_STEPS = 4       # AR steps timed per thread count at least: a median that one slow step does not move
+AR = "ar"
 
 
 def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2) -> tuple[str, dict, int]:
@@ -48,6 +66,92 @@ def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2)
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
     drafter_options = {k: v for k, v in options.items() if k in METHODS[method].Options.names()}
     return method, {**drafter_options, "controller": "cycle", "ks": tuple(ks)}, repeats * sum(k + 1 for k in ks) + 1
+
+
+def cycle_tokens(ks, repeats: int) -> int:
+    """Tokens a cycle profile decodes: k + 1 per round, one round per k per repeat, then one token."""
+    return repeats * sum(k + 1 for k in ks) + 1
+
+
+def profile_size(max_new_tokens: int, num_prompts: int, n_thread_counts: int = 1,
+                 ks=DEFAULT_KS) -> tuple[tuple[int, ...], int]:
+    """(ks, repeats) of a run's profile at one thread count, by the rule of the module docstring."""
+    budget = PROFILE_SHARE * max_new_tokens * num_prompts / max(n_thread_counts, 1)
+    usable = tuple(sorted(set(FLOOR_KS) | {k for k in ks if k < max_new_tokens}))
+    for repeats in (2, 1):
+        if cycle_tokens(usable, repeats) <= budget:
+            return usable, repeats
+    while len(usable) > len(FLOOR_KS) and cycle_tokens(usable, 1) > budget:
+        usable = usable[:-1]
+    return usable, 1
+
+
+class ProfileJob(NamedTuple):
+    """One generation of a run's calibration: a cost profile of `entry`'s method, or AR steps, at `threads`."""
+    method: str
+    options: dict
+    length: int        # max_new_tokens of its generation
+    entry: str         # the run's entry it calibrates (AR for the AR steps)
+    threads: int
+
+
+def plan_profiles(wanted: dict[str, tuple[str, dict]], *, ar: bool, max_new_tokens: int, num_prompts: int,
+                  counts=None) -> dict[str, ProfileJob]:
+    """label -> ProfileJob: a cost profile of every entry of `wanted` (entry -> (method, options)) and,
+    if `ar`, AR steps, each at every thread count of `counts` (default `threads.thread_counts()`);
+    prefill them beside the run's methods, each at its `length`."""
+    counts = threads.thread_counts() if counts is None else tuple(counts)
+    ks, repeats = profile_size(max_new_tokens, num_prompts, len(counts))
+    jobs = {}
+    for entry, (method, options) in wanted.items():
+        for t in counts:
+            jobs[f"cost profile of {entry} @{t} threads"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, t)
+    if ar:
+        steps = max(MIN_AR_STEPS, repeats * len(ks))
+        for t in counts:
+            jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, steps + 1, AR, t)
+    return jobs
+
+
+@dataclass
+class RunCalibration:
+    """What a run measured before decoding: cost priors by entry, thread choices by entry (AR's under "ar")."""
+    priors: dict[str, CostProfile] = field(default_factory=dict)
+    choices: dict[str, threads.ThreadChoice] = field(default_factory=dict)
+
+    def get(self, entry: str) -> CostProfile | None:
+        return self.priors.get(entry)
+
+    def __contains__(self, entry: str) -> bool:
+        return entry in self.priors
+
+    def threads_for(self, label: str, method: str) -> int | None:
+        """The count a decoder decodes with (None: the process's own, nothing was measured for it)."""
+        choice = self.choices.get(AR if method == AR else label)
+        return None if choice is None else choice.threads
+
+
+def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibration: RunCalibration) -> None:
+    """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
+    dict per prompt of a batch) at its thread count; record each entry's thread choice and the cost
+    prior measured at the chosen count in `calibration`."""
+    profiles, ar_steps = defaultdict(dict), {}
+    for label, job in jobs.items():
+        prefilled = starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
+        with threads.using(job.threads):
+            if job.method == AR:
+                ar_steps[job.threads] = threads.ar_step_s(generate(model, inputs, prefilled=prefilled, stop_at_eos=False))
+            else:
+                profiles[job.entry][job.threads] = measure_cost_profile(model, inputs, prefilled=prefilled)
+    if ar_steps:
+        calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
+    counts = sorted({job.threads for job in jobs.values()})
+    switch_s = threads.switch_cost_s(tuple(counts)) if len(counts) > 1 and profiles else None
+    for entry, by_count in profiles.items():
+        choice = threads.choose({t: threads.profile_work_s(p) for t, p in by_count.items()},
+                                "W = sum_k (k C_d + C_v(k))", threads.mixed_plan(by_count, switch_s))
+        calibration.choices[entry] = choice
+        calibration.priors[entry] = by_count[choice.threads]
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
