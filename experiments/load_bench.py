@@ -11,8 +11,8 @@ shared prefill a prompt, each at its own measured thread count) into `<out>/<cas
     matmul  a second process at normal priority running 2 threads of 2-row matmuls (1536 x 576, SmolLM2's
             MLP), like a second decoding job on the node: the load that stalls a verification's threads
 
-A load is bounded in time: it stops by itself after --load-s seconds, and the case stops it when
-its run ends. Every case writes `<out>/<case>/case.json` (speed-up, chosen threads, share of k = 0
+A load is bounded in time: it stops by itself after --load-s seconds or once the benchmark's process
+is gone, and the case stops it when its run ends. Every case writes `<out>/<case>/case.json` (speed-up, chosen threads, share of k = 0
 rounds, whether the machine was busy, whether the load lasted the whole run), then `<out>/load_bench.md`
 tables every case written so far. A case whose case.json exists is skipped; an unfinished one resumes
 where its run stopped (the harness resumes per prompt).
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -58,23 +60,31 @@ LOADS = {load.name: load for load in (
 # the loads (each runs in its own process, started with --worker)
 
 
-def spin(seconds: float) -> int:
-    """Spin one thread until `seconds` have passed; the loop count."""
-    deadline, n = time.monotonic() + seconds, 0
-    while time.monotonic() < deadline:
+def spin(seconds: float, parent: int | None = None) -> int:
+    """Spin one thread until `seconds` have passed or the process `parent` is gone; the loop count."""
+    go_on, n = lasting(seconds, parent), 0
+    while go_on():
         n += 1
     return n
 
 
-def matmul(seconds: float, threads: int = MATMUL_THREADS) -> int:
-    """2-row products with `threads` intra-op threads until `seconds` have passed; the product count."""
+def lasting(seconds: float, parent: int | None = None):
+    """A check that stays true until `seconds` have passed or this process's parent is no longer
+    `parent` (the benchmark that started it ended; default: the parent now)."""
+    deadline, parent = time.monotonic() + seconds, os.getppid() if parent is None else parent
+    return lambda: time.monotonic() < deadline and os.getppid() == parent
+
+
+def matmul(seconds: float, parent: int | None = None, threads: int = MATMUL_THREADS) -> int:
+    """2-row products with `threads` intra-op threads until `seconds` have passed or the process
+    `parent` is gone; the product count."""
     import torch
 
     torch.set_num_threads(threads)
     rows, k, n = MATMUL_SHAPE
     x, w = torch.randn(rows, k), torch.randn(n, k)
-    deadline, count = time.monotonic() + seconds, 0
-    while time.monotonic() < deadline:
+    go_on, count = lasting(seconds, parent), 0
+    while go_on():
         torch.nn.functional.linear(x, w)
         count += 1
     return count
@@ -96,8 +106,8 @@ class Background:
     def __enter__(self):
         if self.load.worker is not None:
             self.started = time.monotonic()
-            self.process = subprocess.Popen([sys.executable, __file__, "--worker", self.load.worker,
-                                             "--load-s", str(self.seconds)], stdout=subprocess.DEVNULL)
+            self.process = subprocess.Popen([sys.executable, __file__, "--worker", self.load.worker, "--load-s",
+                                             str(self.seconds), "--parent", str(os.getpid())], stdout=subprocess.DEVNULL)
             self._watch = threading.Thread(target=self._wait, daemon=True)
             self._watch.start()
         return self
@@ -231,9 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-s", type=positive_seconds, default=LOAD_S, help="a load's own time limit")
     parser.add_argument("--method", default=METHOD, help="the bench.methods entry beside AR (default: sparsespec)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a load's process
+    parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)                  # ... and the benchmark's
     args, overrides = parser.parse_known_args(argv)
     if args.worker:
-        print(WORKERS[args.worker](args.load_s))
+        print(WORKERS[args.worker](args.load_s, args.parent))
         return 0
     if args.out is None:
         parser.exit(2, "error: --out FOLDER is required (where the cases and load_bench.md are written)\n")
@@ -267,4 +278,5 @@ def run_cases(cases: list[Load], out: Path, overrides: list[str], load_s: float,
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))   # a kill stops the running load too
     sys.exit(main())

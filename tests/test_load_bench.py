@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,29 @@ def test_a_load_is_stopped_when_its_case_ends():
         assert background.process.poll() is None               # running beside the block
     assert background.process.poll() is not None and background.outlived is True
     assert background.ran_s < 60
+
+
+def test_a_load_stops_when_the_benchmark_process_is_gone():
+    parent = subprocess.Popen([sys.executable, "-c", (
+        f"import sys, time; sys.path.insert(0, {str(REPO / 'experiments')!r}); import load_bench\n"
+        "b = load_bench.Background(load_bench.LOADS['spin'], 120).__enter__()\n"
+        "print(b.process.pid, flush=True); time.sleep(120)")], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    parent.kill()                                              # no clean-up runs in the parent
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(worker)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit may wait for a reaper)."""
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "\tZ" not in next(line for line in status.read_text().splitlines() if line.startswith("State:"))
+    except FileNotFoundError:
+        return False
 
 
 def test_no_load_starts_no_process():
