@@ -10,7 +10,7 @@ import torch
 import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import threads
-from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, PROFILE_SHARE, RunCalibration, cycle_tokens,
+from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
                                     measure_planned, plan_profiles, profile_size)
 from sparsespec.controller import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
@@ -91,38 +91,44 @@ def test_the_machine_record_names_the_blas_and_the_default_count():
 
 
 def test_a_smoke_run_profiles_the_floor_only():
-    # 2 prompts x 16 tokens at 2 thread counts: a budget of 4 tokens a count, below the floor
-    assert profile_size(16, 2, 2) == (FLOOR_KS, 1)
+    # 2 prompts x 16 tokens: a budget of 8 tokens, one cycle of k = 1, 2 (6 tokens)
+    assert profile_size(16, 2) == (FLOOR_KS, 1)
     assert cycle_tokens(FLOOR_KS, 1) < cycle_tokens(DEFAULT_KS, 2) / 10
 
 
 def test_a_long_run_keeps_the_full_two_cycle_profile():
-    assert profile_size(128, 4, 1) == (DEFAULT_KS, 2)     # 128 tokens of budget, 99 needed
-    assert profile_size(128, 4, 2) == (DEFAULT_KS, 1)     # 64 a count: one cycle (50 tokens)
+    assert profile_size(128, 4) == (DEFAULT_KS, 2)     # 128 tokens of budget, 99 needed
+    assert profile_size(128, 2) == (DEFAULT_KS, 1)     # 64: one cycle (50 tokens)
 
 
 def test_no_k_the_run_cannot_draft_is_profiled():
-    ks, repeats = profile_size(8, 100, 1)
+    ks, repeats = profile_size(8, 100)
     assert ks == tuple(k for k in DEFAULT_KS if k < 8) and repeats == 2
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 16, 40, 64, 128, 512])
 @pytest.mark.parametrize("num_prompts", [1, 2, 4, 10])
-@pytest.mark.parametrize("counts", [1, 2])
-def test_the_profile_stays_within_its_share_of_the_run_or_at_the_floor(max_new_tokens, num_prompts, counts):
-    ks, repeats = profile_size(max_new_tokens, num_prompts, counts)
-    budget = PROFILE_SHARE * max_new_tokens * num_prompts / counts
+def test_the_profile_stays_within_its_share_of_the_run_or_at_the_floor(max_new_tokens, num_prompts):
+    ks, repeats = profile_size(max_new_tokens, num_prompts)
+    budget = PROFILE_SHARE * max_new_tokens * num_prompts
     assert cycle_tokens(ks, repeats) <= budget or (ks, repeats) == (FLOOR_KS, 1)
     assert set(FLOOR_KS) <= set(ks) and repeats in (1, 2)
 
 
-def test_the_plan_has_a_profile_and_ar_steps_at_every_count():
+def test_a_smoke_run_plans_a_probe_and_ar_steps_at_every_count_and_nothing_more():
     jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=True, max_new_tokens=16,
                          num_prompts=2, counts=(1, 2))
-    assert sorted((j.entry, j.threads) for j in jobs.values()) == [("ar", 1), ("ar", 2), ("sparsespec", 1), ("sparsespec", 2)]
-    profile_job = next(j for j in jobs.values() if j.entry == "sparsespec")
-    assert profile_job.options["ks"] == FLOOR_KS and profile_job.length == cycle_tokens(FLOOR_KS, 1)
-    assert all(j.length > 4 for j in jobs.values() if j.entry == "ar")     # at least 4 AR steps
+    assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("ar", 1), ("ar", 2)]
+    probe = next(iter(jobs.values()))
+    assert probe.options["ks"] == FLOOR_KS and probe.length == cycle_tokens(FLOOR_KS, 1)
+    assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entry == "ar")
+
+
+def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
+    jobs = plan_profiles({"sparsespec": ("sparsespec", {})}, ar=False, max_new_tokens=128, num_prompts=4, counts=(1, 2))
+    assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("sparsespec", None)]
+    sized = list(jobs.values())[-1]
+    assert sized.options["ks"] == DEFAULT_KS and sized.length == cycle_tokens(DEFAULT_KS, 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,6 +138,36 @@ def test_the_plan_has_a_profile_and_ar_steps_at_every_count():
 @pytest.fixture(scope="module")
 def tiny():
     return build_tiny("llama")
+
+
+def measured(tiny, prompt, jobs, monkeypatch=None) -> RunCalibration:
+    starts = sparsespec.prefill(tiny, prompt, methods={label: (j.method, j.options) for label, j in jobs.items()},
+                                lengths={label: j.length for label, j in jobs.items()})
+    calibration = RunCalibration()
+    measure_planned(tiny, prompt, starts, jobs, calibration)
+    assert not starts                                                # every start decoded once
+    return calibration
+
+
+def test_the_sized_profile_is_measured_at_the_count_the_probes_chose(tiny, monkeypatch):
+    import sparsespec.calibration as calibration_module
+    at = []
+    measure = calibration_module.measure_cost_profile
+
+    def recording(model, inputs, **kwargs):
+        profile = measure(model, inputs, **kwargs)
+        at.append((torch.get_num_threads(), tuple(profile.verify_s)))
+        return profile
+    monkeypatch.setattr(calibration_module, "measure_cost_profile", recording)
+    jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=False, max_new_tokens=20,
+                         num_prompts=4, counts=(1, 2))
+    calibration = measured(tiny, random_prompt(200), jobs)
+    chosen = calibration.choices["sparsespec"].threads
+    ks, _ = profile_size(20, 4)                                      # (1, 2, 4, 8) once: 20 tokens
+    # a round whose k would pass the profile's length drafts fewer: measured too (k = 6 of 8 here)
+    assert [(t, set(FLOOR_KS) <= set(v), set(ks) <= set(v)) for t, v in at] == [(1, True, False), (2, True, False),
+                                                                                (chosen, True, True)]
+    assert set(calibration.get("sparsespec").verify_s) == set(at[-1][1])
 
 
 def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
