@@ -39,6 +39,7 @@ METHOD = "sparsespec"     # the default entry beside AR: the method with its def
 LOAD_S = 1800.0      # a load's own limit: longer than one case at 8K here, short enough that a stray one ends
 MATMUL_SHAPE = (2, 576, 1536)    # rows x in x out: one 2-row verification's MLP product on SmolLM2-135M
 MATMUL_THREADS = 2               # the threads that each wait for the other core
+READY = "load running"           # a worker's first line: its loop has begun
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,10 @@ def spin(seconds: float, parent: int | None = None) -> int:
 
 def lasting(seconds: float, parent: int | None = None):
     """A check that stays true until `seconds` have passed or this process's parent is no longer
-    `parent` (the benchmark that started it ended; default: the parent now)."""
+    `parent` (the benchmark that started it ended; default: the parent now). Says READY on stdout:
+    the load starts now."""
     deadline, parent = time.monotonic() + seconds, os.getppid() if parent is None else parent
+    print(READY, flush=True)
     return lambda: time.monotonic() < deadline and os.getppid() == parent
 
 
@@ -107,7 +110,10 @@ class Background:
         if self.load.worker is not None:
             self.started = time.monotonic()
             self.process = subprocess.Popen([sys.executable, __file__, "--worker", self.load.worker, "--load-s",
-                                             str(self.seconds), "--parent", str(os.getpid())], stdout=subprocess.DEVNULL)
+                                             str(self.seconds), "--parent", str(os.getpid())],
+                                            stdout=subprocess.PIPE, text=True)
+            if self.process.stdout.readline().strip() != READY:      # the case starts once the load runs
+                raise RuntimeError(f"the {self.load.name} load did not start (exit status {self.process.wait()})")
             self._watch = threading.Thread(target=self._wait, daemon=True)
             self._watch.start()
         return self
@@ -126,6 +132,7 @@ class Background:
         if self.process.poll() is None:        # did not stop when asked
             self.process.kill()
             self._watch.join()
+        self.process.stdout.close()
         return False
 
 

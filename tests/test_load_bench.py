@@ -71,6 +71,13 @@ def running(pid: int) -> bool:
         return False
 
 
+def test_a_load_that_cannot_start_stops_its_case_with_the_reason():
+    broken = load_bench.Load("broken", "a worker that does not exist", "storm")
+    with pytest.raises(RuntimeError, match="the broken load did not start \\(exit status 2\\)"):
+        with load_bench.Background(broken, seconds=5):
+            pytest.fail("the case ran without its load")
+
+
 def test_no_load_starts_no_process():
     with load_bench.Background(load_bench.LOADS["quiet"], seconds=120) as background:
         pass
