@@ -3,10 +3,10 @@
 Speculation is many small multi-row matmuls. With several OpenMP threads each one waits for every
 thread, so a core busy with another process stalls a verification for a scheduler time slice, while
 one thread does not wait at all; on a quiet machine the threads may still pay. Neither is known in
-advance, so a run measures both: its cost profile (sparsespec/calibration.py) and a few AR steps are
-decoded at each of `thread_counts()` (1 and the process's default), from the same prefill, and every
-method decodes with its own faster setting, AR included (the speed-up's denominator is never a
-handicapped AR).
+advance, so a run measures both: a probe of its cost profile (one round at k = 1, 2;
+sparsespec/calibration.py) and a few AR steps are decoded at each of `thread_counts()` (1 and the
+process's default), from the same prefill, and every method decodes with its own faster setting, AR
+included (the speed-up's denominator is never a handicapped AR).
 
 The settings are compared on the same work, so the comparison is paired:
 
@@ -16,7 +16,8 @@ The settings are compared on the same work, so the comparison is paired:
 
 Drafting (one row a step) and verification (k + 1 rows) may prefer different counts. `torch.set_num_threads`
 between them costs `switch_cost_s()`; `mixed_plan` says whether drafting at one count and verifying at
-another would beat the single choice by more than two switches a round, and the summary records it.
+another would beat the single choice by more than two switches a round, and the summary records it
+(recorded, not applied: the decode loop sets one count for a whole generation).
 """
 from __future__ import annotations
 

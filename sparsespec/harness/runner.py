@@ -235,11 +235,11 @@ PREFILL_MEMO = PrefillMemo()
 
 
 def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: RunCalibration) -> dict:
-    """label -> ProfileJob (sparsespec/calibration.py) still to measure: a cost profile of each run in
-    `todo` whose controller reads costs (the entropy controller) and has no prior yet, and AR steps
-    while AR's threads are unchosen, each at every thread count (sparsespec/threads.py), sized to the
-    run. Each is measured on the prefill of the prompt (or batch) about to be decoded, before its
-    methods decode, so it costs no prefill of its own."""
+    """label -> ProfileJob (sparsespec/calibration.py) still to measure: for each run in `todo` whose
+    controller reads costs (the entropy controller) and has no prior yet, a thread probe at every
+    count (sparsespec/threads.py) and a cost profile sized to the run; AR steps at every count while
+    AR's threads are unchosen. Each is measured on the prefill of the prompt (or batch) about to be
+    decoded, before its methods decode, so it costs no prefill of its own."""
     if not cfg.cost_profile:
         return {}
     from sparsespec.calibration import plan_profiles
