@@ -24,13 +24,27 @@ round's seconds the batch's, the acceptance pooled over the sequences, and only 
 batch took part in (`full_batch_rounds`). Without it the batch opened
 on two warm-up rounds' timings, and one slow k=8 round (2.3 s against ~0.7 s) set C_v's line so
 steep that it predicted C_v(1) < 0 and the batch drafted k=1 to the end (SmolLM2, 8K, B=8).
+
+The profile is sized to the run (`profile_size`): it decodes at most PROFILE_SHARE of the tokens one
+method decodes in the run (num_prompts x max_new_tokens):
+
+    ks      = the floor's and the default ks below max_new_tokens (a round of k drafts emits k + 1 tokens)
+    repeats = 2 if two cycles fit, else 1; if one cycle does not fit either, the largest k go first
+    floor   = one cycle of k = 1, 2 (C_v's line needs two points)
+
+A run also chooses each method's thread count (sparsespec/threads.py; `plan_profiles`, `measure_planned`):
+first a probe, one cycle of the floor, at every count compared, with a few AR steps at each beside it;
+then the sized profile at the count the probes chose only (the probe itself when the profile is the
+floor). A count that loses under load is never paid for at the profile's full length.
 """
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from . import threads
 from .controllers import CycleK
 from .controllers.acceptance import EntropyBins, judged
 from .decode import generate
@@ -38,6 +52,10 @@ from .errors import ConfigError
 from .methods import METHODS
 
 DEFAULT_KS = CycleK.Options().ks
+PROFILE_SHARE = 0.25   # of the run's tokens per method: today's 2-cycle profile still fits a 4 x 128-token run
+FLOOR_KS = (1, 2)      # the fewest ks that fit C_v's line
+MIN_AR_STEPS = 4       # AR steps timed per thread count: a median that one slow step does not move
+AR = "ar"
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,103 @@ def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2)
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
     drafter_options = {k: v for k, v in options.items() if k in METHODS[method].Options.names()}
     return method, {**drafter_options, "controller": "cycle", "ks": tuple(ks)}, repeats * sum(k + 1 for k in ks) + 1
+
+
+def cycle_tokens(ks, repeats: int) -> int:
+    """Tokens a cycle profile decodes: k + 1 per round, one round per k per repeat, then one token."""
+    return repeats * sum(k + 1 for k in ks) + 1
+
+
+def profile_size(max_new_tokens: int, num_prompts: int, ks=DEFAULT_KS) -> tuple[tuple[int, ...], int]:
+    """(ks, repeats) of a run's profile, by the rule of the module docstring."""
+    budget = PROFILE_SHARE * max_new_tokens * num_prompts
+    usable = tuple(sorted(set(FLOOR_KS) | {k for k in ks if k < max_new_tokens}))
+    for repeats in (2, 1):
+        if cycle_tokens(usable, repeats) <= budget:
+            return usable, repeats
+    while len(usable) > len(FLOOR_KS) and cycle_tokens(usable, 1) > budget:
+        usable = usable[:-1]
+    return usable, 1
+
+
+class ProfileJob(NamedTuple):
+    """One generation of a run's calibration: a probe or cost profile of `entry`'s method, or AR steps."""
+    method: str
+    options: dict
+    length: int        # max_new_tokens of its generation
+    entry: str         # the run's entry it calibrates (AR for the AR steps)
+    threads: int | None   # None: the sized profile, at the count its entry's probes choose
+
+
+def plan_profiles(wanted: dict[str, tuple[str, dict]], *, ar: bool, max_new_tokens: int, num_prompts: int,
+                  counts=None) -> dict[str, ProfileJob]:
+    """label -> ProfileJob, in the order to measure: for every entry of `wanted` (entry -> (method,
+    options)) a probe at each thread count of `counts` (default `threads.thread_counts()`), then AR
+    steps at each if `ar`, then each entry's sized profile unless it is the probe. Prefill them beside
+    the run's methods, each at its `length`."""
+    counts = threads.thread_counts() if counts is None else tuple(counts)
+    ks, repeats = profile_size(max_new_tokens, num_prompts)
+    jobs = {}
+    for entry, (method, options) in wanted.items():
+        for t in counts:
+            jobs[f"thread probe of {entry} @{t} threads"] = ProfileJob(*profile_decoder(method, options, FLOOR_KS, 1), entry, t)
+    if ar:
+        for t in counts:
+            jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, AR, t)
+    if (ks, repeats) != (FLOOR_KS, 1):
+        for entry, (method, options) in wanted.items():
+            jobs[f"cost profile of {entry}"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, None)
+    return jobs
+
+
+@dataclass
+class RunCalibration:
+    """What a run measured before decoding: cost priors by entry, thread choices by entry (AR's under "ar")."""
+    priors: dict[str, CostProfile] = field(default_factory=dict)
+    choices: dict[str, threads.ThreadChoice] = field(default_factory=dict)
+
+    def get(self, entry: str) -> CostProfile | None:
+        return self.priors.get(entry)
+
+    def __contains__(self, entry: str) -> bool:
+        return entry in self.priors
+
+    def threads_for(self, label: str, method: str) -> int | None:
+        """The count a decoder decodes with (None: the process's own, nothing was measured for it)."""
+        choice = self.choices.get(AR if method == AR else label)
+        return None if choice is None else choice.threads
+
+
+def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibration: RunCalibration) -> None:
+    """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
+    dict per prompt of a batch): the probes and AR steps at their counts, then each sized profile at
+    the count its probes chose. Records in `calibration` each entry's thread choice and its prior (the
+    sized profile, or the chosen count's probe when there is none)."""
+    def start_of(label):
+        return starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
+
+    probes, ar_steps = defaultdict(dict), {}
+    for label, job in jobs.items():
+        if job.threads is None:
+            continue
+        with threads.using(job.threads):
+            if job.method == AR:
+                ar_steps[job.threads] = threads.ar_step_s(generate(model, inputs, prefilled=start_of(label), stop_at_eos=False))
+            else:
+                probes[job.entry][job.threads] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+    if ar_steps:
+        calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
+    counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
+    switch_s = threads.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
+    for entry, by_count in probes.items():
+        choice = threads.choose({t: threads.profile_work_s(p) for t, p in by_count.items()},
+                                "W = sum_k (k C_d + C_v(k))", threads.mixed_plan(by_count, switch_s))
+        calibration.choices[entry] = choice
+        calibration.priors[entry] = by_count[choice.threads]
+    for label, job in jobs.items():
+        if job.threads is None:
+            with threads.using(calibration.choices[job.entry].threads):
+                calibration.priors[job.entry] = measure_cost_profile(model, inputs, prefilled=start_of(label))
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,

@@ -1,4 +1,4 @@
-"""Where a run ran: package versions, git commit, CPU and GPU, threads, dtype (for summary.json)."""
+"""Where a run ran: package versions, git commit, CPU (flags, BLAS) and GPU, threads, dtype (for summary.json)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sparsespec import threads
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "hydra-core",
             "omegaconf", "hydra-submitit-launcher", "submitit", "wandb", "datasets", "numpy", "gguf")
@@ -70,6 +72,7 @@ def collect(*, device: str, dtype: str) -> dict:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        **threads.machine(),
         **gpu_info(),
         "device": device,
         "dtype": dtype,
@@ -79,7 +82,10 @@ def collect(*, device: str, dtype: str) -> dict:
 NOISY_BUSY = 0.15   # share of all cores busy while this process sleeps: someone else is computing
 
 
-def cpu_busy_fraction(seconds: float = 2.0) -> float | None:
+BUSY_SAMPLE_S = 1.0   # 100 ticks a core at 100 Hz: a 15% share reads to about 1%; every run pays it twice
+
+
+def cpu_busy_fraction(seconds: float = BUSY_SAMPLE_S) -> float | None:
     """Share of CPU time spent busy machine-wide over `seconds` while this process sleeps, from
     /proc/stat (the load average would count this process's own recent work); None without it."""
     def sample():

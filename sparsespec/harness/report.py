@@ -70,14 +70,31 @@ def format_table(run: dict, metrics: dict, samples: list[dict], folder: str) -> 
         lines.append(f"cost-model bound: {metrics['bound']:.2f}x ({metrics['bound_reached']:.0%} reached)")
     if metrics["score_mean"] is not None:
         lines.append(f"task score (mean): {metrics['score_mean']:.3f}")
+    lines += [line for line in (threads_line(run.get("threads")), busy_line(run.get("load"))) if line]
     lines.append(f"results: {folder}")
     return "\n".join(lines)
+
+
+def busy_line(load: dict | None) -> str | None:
+    """A warning when other processes used the CPU around the run (`noisy`); None on a quiet machine."""
+    if not load or not load.get("noisy"):
+        return None
+    shares = "/".join(format_cell(load.get(k), ".0%") for k in ("cpu_busy_before", "cpu_busy_after"))
+    return f"machine busy: other processes used {shares} of the CPU before/after the run; speeds are not quiet-machine figures"
+
+
+def threads_line(choice: dict | None) -> str | None:
+    """`threads: 1 (measured C_AR: 1 -> 12.1 ms, 2 -> 20.3 ms)`; None when nothing was measured."""
+    if not choice:
+        return None
+    costs = ", ".join(f"{t} -> {s * 1e3:.1f} ms" for t, s in choice["cost_s"].items())
+    return f"threads: {choice['threads']} (measured {choice['measured']}: {costs})"
 
 
 BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-up (95% CI)",
                  "mean_accepted": "tokens/round", "acceptance_rate": "acceptance", "outputs_match_ar": "match AR",
                  "c_draft_ms": "C_d ms", "c_verify_ms": "C_v ms", "bound": "bound", "bound_reached": "reached",
-                 "prefill_s_mean": "prefill s"}
+                 "prefill_s_mean": "prefill s", "threads": "threads"}
 
 
 def bench_row(entry: str, summary: dict) -> dict:
@@ -92,7 +109,8 @@ def bench_row(entry: str, summary: dict) -> dict:
            "c_draft_ms": format_cell(m["c_draft_s"] and m["c_draft_s"] * 1e3, ".1f"),
            "c_verify_ms": format_cell(m["c_verify_s"] and m["c_verify_s"] * 1e3, ".1f"),
            "bound": format_cell(m["bound"], ".2f"), "bound_reached": format_cell(m["bound_reached"], ".0%"),
-           "prefill_s_mean": format_cell(m["prefill_s_mean"], ".2f")}
+           "prefill_s_mean": format_cell(m["prefill_s_mean"], ".2f"),
+           "threads": format_cell((summary["run"].get("threads") or {}).get("threads"), "d")}
     if m.get("batch_size"):       # a batched run: throughput over the batch against batched AR
         row.update(batch_tokens_per_s=format_cell(m["batch_tokens_per_s"], ".2f"),
                    batch_speedup=f"{format_cell(m['batch_speedup_vs_ar'], '.2f')}x",
@@ -116,5 +134,6 @@ def format_bench_table(summaries: dict[str, dict], folder: str) -> str:
               f"{first['num_prompts']} prompt(s) x {first['max_new_tokens']} new tokens; {shared}; C_AR {format_cell(next(iter(summaries.values()))['metrics']['c_ar_s'], '.4f')} s")
     rows = [bench_row(entry, summary) for entry, summary in summaries.items()]
     columns = [*BENCH_COLUMNS.values(), *(BATCH_COLUMNS.values() if size > 1 else ())]
-    return "\n".join([header, markdown_table(rows, columns),
+    busy = busy_line(first.get("bench"))
+    return "\n".join([header, markdown_table(rows, columns), *([busy] if busy else []),
                       f"results: {folder}/<method>/ (samples.jsonl, summary.json)"])

@@ -21,7 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sparsespec import hf_reference, stats
+from sparsespec import hf_reference, stats, threads
+from sparsespec.calibration import RunCalibration
 from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
 from sparsespec.shared_prefill import PrefillMemo
@@ -190,54 +191,57 @@ def load_inputs(cfg: DictConfig, device: str):
 # decoding one prompt
 
 
-PROFILE = "cost profile of "       # the label of a run's cost profile inside a shared prefill
 # Prefills kept across the runs of this process (`prefill_memo_gb`): the jobs of a Hydra multirun on
 # the basic launcher decode one after another here, so a batch-size sweep prefills each prompt once.
 PREFILL_MEMO = PrefillMemo()
 
 
-def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: dict) -> dict[str, tuple[str, dict, int]]:
-    """profile label -> (method, options, max_new_tokens) of the cost profiles still to measure
-    (sparsespec/calibration.py): one per run in `todo` whose controller reads costs (the entropy
-    controller) and has no prior yet. Each is measured on the prefill of the prompt (or batch) about to be
+def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: RunCalibration) -> dict:
+    """label -> ProfileJob (sparsespec/calibration.py) still to measure: for each run in `todo` whose
+    controller reads costs (the entropy controller) and has no prior yet, a thread probe at every
+    count (sparsespec/threads.py) and a cost profile sized to the run; AR steps at every count while
+    AR's threads are unchosen. Each is measured on the prefill of the prompt (or batch) about to be
     decoded, before its methods decode, so it costs no prefill of its own."""
     if not cfg.cost_profile:
         return {}
-    from sparsespec.calibration import profile_decoder
-    return {PROFILE + run.entry: profile_decoder(run.method, run.options) for run in todo
-            if run.entry not in cost_priors and not hf_reference.is_reference(run.method)
-            and resolved_options(run.method, run.options).get("controller") == "entropy"}
+    from sparsespec.calibration import plan_profiles
+    wanted = {run.entry: (run.method, run.options) for run in todo
+              if run.entry not in cost_priors and not hf_reference.is_reference(run.method)
+              and resolved_options(run.method, run.options).get("controller") == "entropy"}
+    ar = AR not in cost_priors.choices and any(m == AR for m, _ in decoders_for(todo, cfg).values())
+    return plan_profiles(wanted, ar=ar, max_new_tokens=cfg.max_new_tokens, num_prompts=cfg.num_prompts)
 
 
-def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: dict) -> None:
-    """Measure every profile of `profiles` from its start in `starts` (one prompt's prefill: label ->
-    Prefilled; a batch's: a list of them) and put it in `cost_priors` under its run's entry."""
-    from sparsespec.calibration import measure_cost_profile
+def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: RunCalibration) -> None:
+    """Measure every job of `profiles` from its start in `starts` (one prompt's prefill: label ->
+    Prefilled; a batch's: a list of them) into `cost_priors` (priors and thread choices by entry)."""
+    from sparsespec.calibration import measure_planned
 
-    for label in profiles:
-        start = time.perf_counter()
-        prefilled = starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
-        cost_priors[label.removeprefix(PROFILE)] = measure_cost_profile(model, inputs, prefilled=prefilled)
-        log.info("%s (from the shared prefill; not recorded as a sample): %.1f s", label, time.perf_counter() - start)
+    if not profiles:
+        return
+    start = time.perf_counter()
+    measure_planned(model, inputs, starts, profiles, cost_priors)
+    log.info("%d calibration decodes (from the shared prefill; not recorded as samples): %.1f s; threads %s",
+             len(profiles), time.perf_counter() - start, {e: c.threads for e, c in cost_priors.choices.items()})
 
 
 def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
     """One prefill of `prompt` for the engine's decoders and the cost profiles (each at its own length)."""
     import sparsespec
 
-    methods = {**engine, **{label: (method, options) for label, (method, options, _) in profiles.items()}}
+    methods = {**engine, **{label: (job.method, job.options) for label, job in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
-                              lengths={label: length for label, (_, _, length) in profiles.items()}, memo=PREFILL_MEMO)
+                              lengths={label: job.length for label, job in profiles.items()}, memo=PREFILL_MEMO)
 
 
 def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
-                  max_new_tokens: int, cost_priors: dict | None = None, profiles: dict | None = None) -> dict:
+                  max_new_tokens: int, cost_priors: RunCalibration | None = None, profiles: dict | None = None) -> dict:
     """label -> Generation for every decoder (label -> (method, options)), back to back in the
     given order, all of sparsespec's methods from one shared prefill of the prompt. `profiles`
     (`profiles_to_measure`) are measured first, from the same prefill, into `cost_priors`."""
     import sparsespec
 
-    cost_priors = {} if cost_priors is None else cost_priors
+    cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
     starts = shared_prefill(model, input_ids, engine, profiles, max_new_tokens) if engine or profiles else {}
@@ -245,32 +249,36 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
     gens = {}
     for label, (method, options) in decoders.items():
-        if label in starts:
-            gens[label] = sparsespec.generate(model, input_ids, prefilled=starts.pop(label),
-                                              cost_prior=cost_priors.get(label), **common)
-        else:
-            gens[label] = hf_reference.hf_generate(model, input_ids, method=method, max_new_tokens=max_new_tokens,
-                                                   **common, **options)
+        with threads.using(cost_priors.threads_for(label, method)):
+            if label in starts:
+                gens[label] = sparsespec.generate(model, input_ids, prefilled=starts.pop(label),
+                                                  cost_prior=cost_priors.get(label), **common)
+            else:
+                gens[label] = hf_reference.hf_generate(model, input_ids, method=method,
+                                                       max_new_tokens=max_new_tokens, **common, **options)
     return gens
 
 
 def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg: DictConfig, seed: int,
-                 max_new_tokens: int, cost_priors: dict | None = None, profiles: dict | None = None) -> dict:
+                 max_new_tokens: int, cost_priors: RunCalibration | None = None, profiles: dict | None = None) -> dict:
     """label -> BatchGenerations (one Generation per prompt of `inputs`) for every decoder, back to
     back, each decoding the whole batch together (sparsespec/batch.py), all from one shared prefill
     of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N). `profiles` are
     measured first, on the batch, from the same prefills: a batch's controller weighs a batch's costs."""
     import sparsespec
 
-    cost_priors = {} if cost_priors is None else cost_priors
+    cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
     starts = [shared_prefill(model, p, decoders, profiles, max_new_tokens) for p in prompts]
     measure_profiles(model, prompts, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
-    return {label: sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
-                                       cost_prior=cost_priors.get(label), **common)
-            for label in decoders}
+    gens = {}
+    for label, (method, _) in decoders.items():
+        with threads.using(cost_priors.threads_for(label, method)):
+            gens[label] = sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
+                                              cost_prior=cost_priors.get(label), **common)
+    return gens
 
 
 def batch_fields(gens, ref, row: int) -> dict:
@@ -350,7 +358,7 @@ def warm_up(model, prompt, runs: list[MethodRun], cfg: DictConfig) -> None:
 # the run
 
 
-def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
+def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: RunCalibration) -> None:
     """Decode `prompts` one at a time, every unfinished method from one shared prefill of each, in the
     prompt's run order (`in_run_order`); record one sample per prompt and method, with its place in that
     order (`run_position`). The bar shows the last method's speed and speed-up."""
@@ -373,7 +381,7 @@ def run_prompts(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfi
                             + (f", {last['speedup_vs_ar']:.2f}x" if last["speedup_vs_ar"] else ""))
 
 
-def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: dict) -> None:
+def run_batches(model, tokenizer, prompts, runs: list[MethodRun], cfg: DictConfig, cost_priors: RunCalibration) -> None:
     """Decode `prompts` batch_size at a time, every method batched (AR too, the reference at the
     same batch size), in the batch's run order (drawn from its first prompt's index); record one sample
     per prompt. A batch with a prompt some method has not finished is decoded again for that method
@@ -414,7 +422,8 @@ def open_results(run: MethodRun, device: str) -> None:
 
 
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
-               shared_with: list[str], bench: dict | None, cost_prior=None, prefills_reused: int = 0) -> dict:
+               shared_with: list[str], bench: dict | None, cost_prior=None, prefills_reused: int = 0,
+               thread_choice=None, load: dict | None = None) -> dict:
     cfg = run.cfg
     prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
     return {
@@ -428,6 +437,7 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "prefills_reused": 0 if hf_reference.is_reference(run.method) else prefills_reused,
                 "batch_size": batch_size(cfg),
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
+                "threads": thread_choice.as_dict() if thread_choice else None, "load": load,
                 "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
                 "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "metrics": {**aggregate(samples), **batch_metrics(samples)},
@@ -461,7 +471,7 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
     for method_run in runs:
         open_results(method_run, device)
     torch.manual_seed(cfg.seed)
-    busy_before = environment.cpu_busy_fraction() if is_bench(cfg) else None
+    busy_before = environment.cpu_busy_fraction()
     PREFILL_MEMO.resize(int(cfg.prefill_memo_gb * 2**30))
     hits_before = PREFILL_MEMO.hits
 
@@ -483,21 +493,22 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
                                               group=cfg.experiment_name or group, several=len(runs) > 1)
         if pending and cfg.warmup:
             warm_up(model, pending[0], runs, cfg)
-        cost_priors = {}          # entry -> CostProfile, measured on the first prefill each run decodes from
+        cost_priors = RunCalibration()   # priors and threads by entry, measured on the first prefill each run decodes from
         if batch_size(cfg) > 1:
             run_batches(model, tokenizer, prompts, runs, cfg, cost_priors)
         else:
             run_prompts(model, tokenizer, prompts, runs, cfg, cost_priors)
-        bench = None
-        if is_bench(cfg):
-            busy_after = environment.cpu_busy_fraction()
-            bench = {"methods": [r.entry for r in runs], "cpu_busy_before": busy_before, "cpu_busy_after": busy_after,
-                     "noisy": environment.is_noisy(busy_before) or environment.is_noisy(busy_after)}
+        busy_after = environment.cpu_busy_fraction()
+        load = {"cpu_busy_before": busy_before, "cpu_busy_after": busy_after,
+                "noisy": environment.is_noisy(busy_before) or environment.is_noisy(busy_after)}
+        bench = {"methods": [r.entry for r in runs], **load} if is_bench(cfg) else None
         for method_run in runs:
             samples = [method_run.finished[(str(p.id), method_run.label)] for p in prompts]
             summary = summary_of(method_run, samples, device=device, model=model, warnings=warnings, started=started,
                                  shared_with=shared_with, bench=bench, cost_prior=cost_priors.get(method_run.entry),
-                                 prefills_reused=PREFILL_MEMO.hits - hits_before)
+                                 prefills_reused=PREFILL_MEMO.hits - hits_before,
+                                 thread_choice=cost_priors.choices.get(AR if method_run.method == AR else method_run.entry),
+                                 load=load)
             write_json(method_run.folder / SUMMARY, summary)
             method_run.tracker.log_summary(summary)
             method_run.tracker.log_samples(samples)

@@ -1,0 +1,289 @@
+"""AR and SparseSpec-L on the same prompts, quiet and beside controlled background loads.
+
+    python experiments/load_bench.py --out docs/runs/load_bench [--cases quiet,spin,matmul] [--load-s 1800] \
+        [run.py overrides: ctx=4k num_prompts=4 max_new_tokens=64 ...]
+
+Each case is one side-by-side harness run (`bench.methods=[sparsespec]`: AR and sparsespec from one
+shared prefill a prompt, each at its own measured thread count) into `<out>/<case>/`, while its load runs:
+
+    quiet   no load
+    spin    a second process spinning one thread at normal priority
+    matmul  a second process at normal priority running 2 threads of 2-row matmuls (1536 x 576, SmolLM2's
+            MLP), like a second decoding job on the node: the load that stalls a verification's threads
+
+A load is bounded in time: it stops by itself after --load-s seconds or once the benchmark's process
+is gone, and the case stops it when its run ends. Every case writes `<out>/<case>/case.json` (speed-up, chosen threads, share of k = 0
+rounds, whether the machine was busy, whether the load lasted the whole run), then `<out>/load_bench.md`
+tables every case written so far. A case whose case.json exists is skipped; an unfinished one resumes
+where its run stopped (the harness resumes per prompt).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CASE_FILE = "case.json"
+TABLE_FILE = "load_bench.md"
+METHOD = "sparsespec"     # the default entry beside AR: the method with its defaults
+LOAD_S = 1800.0      # a load's own limit: longer than one case at 8K here, short enough that a stray one ends
+MATMUL_SHAPE = (2, 576, 1536)    # rows x in x out: one 2-row verification's MLP product on SmolLM2-135M
+MATMUL_THREADS = 2               # the threads that each wait for the other core
+READY = "load running"           # a worker's first line: its loop has begun
+
+
+@dataclass(frozen=True)
+class Load:
+    """A background load: what it is, and the worker command of a bounded process (None: no load)."""
+    name: str
+    description: str
+    worker: str | None
+
+
+LOADS = {load.name: load for load in (
+    Load("quiet", "no background load", None),
+    Load("spin", "a second process spinning one thread, normal priority", "spin"),
+    Load("matmul", f"a second process, normal priority: {MATMUL_THREADS} threads of {MATMUL_SHAPE[0]}-row matmuls", "matmul"),
+)}
+
+
+# --------------------------------------------------------------------------------------------
+# the loads (each runs in its own process, started with --worker)
+
+
+def spin(seconds: float, parent: int | None = None) -> int:
+    """Spin one thread until `seconds` have passed or the process `parent` is gone; the loop count."""
+    go_on, n = lasting(seconds, parent), 0
+    while go_on():
+        n += 1
+    return n
+
+
+def lasting(seconds: float, parent: int | None = None):
+    """A check that stays true until `seconds` have passed or this process's parent is no longer
+    `parent` (the benchmark that started it ended; default: the parent now). Says READY on stdout:
+    the load starts now."""
+    deadline, parent = time.monotonic() + seconds, os.getppid() if parent is None else parent
+    print(READY, flush=True)
+    return lambda: time.monotonic() < deadline and os.getppid() == parent
+
+
+def matmul(seconds: float, parent: int | None = None, threads: int = MATMUL_THREADS) -> int:
+    """2-row products with `threads` intra-op threads until `seconds` have passed or the process
+    `parent` is gone; the product count."""
+    import torch
+
+    torch.set_num_threads(threads)
+    rows, k, n = MATMUL_SHAPE
+    x, w = torch.randn(rows, k), torch.randn(n, k)
+    go_on, count = lasting(seconds, parent), 0
+    while go_on():
+        torch.nn.functional.linear(x, w)
+        count += 1
+    return count
+
+
+WORKERS = {"spin": spin, "matmul": matmul}
+
+
+class Background:
+    """`with Background(load, seconds):` runs the load's process beside the block and stops it after.
+    `ran_s`: how long it lived; `outlived` whether it was still running when the block ended."""
+
+    def __init__(self, load: Load, seconds: float):
+        self.load, self.seconds = load, seconds
+        self.process: subprocess.Popen | None = None
+        self.ran_s: float | None = None
+        self.outlived: bool | None = None
+
+    def __enter__(self):
+        if self.load.worker is not None:
+            self.started = time.monotonic()
+            self.process = subprocess.Popen([sys.executable, __file__, "--worker", self.load.worker, "--load-s",
+                                             str(self.seconds), "--parent", str(os.getpid())],
+                                            stdout=subprocess.PIPE, text=True)
+            if self.process.stdout.readline().strip() != READY:      # the case starts once the load runs
+                raise RuntimeError(f"the {self.load.name} load did not start (exit status {self.process.wait()})")
+            self._watch = threading.Thread(target=self._wait, daemon=True)
+            self._watch.start()
+        return self
+
+    def _wait(self):
+        self.process.wait()
+        self.ran_s = time.monotonic() - self.started
+
+    def __exit__(self, *exc):
+        if self.process is None:
+            return False
+        self.outlived = self.process.poll() is None
+        if self.outlived:
+            self.process.terminate()
+        self._watch.join(timeout=10)
+        if self.process.poll() is None:        # did not stop when asked
+            self.process.kill()
+            self._watch.join()
+        self.process.stdout.close()
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# a case
+
+
+def k0_share(samples: list[dict]) -> float | None:
+    """Share of decode rounds that drafted nothing (k = 0: a plain AR step) over the samples' rounds."""
+    rounds = [r for s in samples for r in s.get("rounds") or []]
+    return sum(r["drafted"] == 0 for r in rounds) / len(rounds) if rounds else None
+
+
+def run_case(load: Load, folder: Path, overrides: list[str], load_s: float, method: str = METHOD) -> dict:
+    """The harness's side-by-side run of AR and `method` (a bench.methods entry) into `folder` beside
+    `load`; the case record."""
+    from hydra import compose, initialize_config_dir
+
+    from sparsespec.harness import runner
+    from sparsespec.harness.contexts import exact_context_overrides
+
+    overrides = ["logger=none", f"bench.methods=['{method}']", *exact_context_overrides(overrides)]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with Background(load, load_s) as background:
+        summaries = runner.run(cfg, folder)
+    return case_record(load, folder, summaries, background, overrides, method)
+
+
+def case_record(load: Load, folder: Path, summaries: dict, background: Background, overrides: list[str],
+                method: str) -> dict:
+    """What case.json holds: the case's speeds, threads, k = 0 share, and whether load and machine were as meant."""
+    from sparsespec.harness.runner import AR, entry_folder
+
+    ar, spec = summaries[AR], summaries[method]
+    samples = [json.loads(line) for line in (folder / entry_folder(method) / "samples.jsonl").read_text().splitlines()]
+    m = spec["metrics"]
+    return {"case": load.name, "load": load.description, "method": method, "overrides": overrides,
+            "load_ran_s": background.ran_s, "load_outlived_run": background.outlived,
+            "ar_tokens_per_s": ar["metrics"]["tokens_per_s"], "tokens_per_s": m["tokens_per_s"],
+            "speedup_vs_ar": m["speedup_vs_ar"], "speedup_ci95": [m["speedup_vs_ar_ci95_low"], m["speedup_vs_ar_ci95_high"]],
+            "outputs_match_ar": m["outputs_match_ar"], "k0_share": k0_share(samples),
+            "ar_threads": threads_of(ar), "threads": threads_of(spec), "bench": spec["run"]["bench"],
+            "cpu": spec["env"]["cpu"], "cpu_flags": spec["env"].get("cpu_flags"), "blas": spec["env"].get("blas"),
+            "n_prompts": m["n_prompts"]}
+
+
+def threads_of(summary: dict) -> int | None:
+    choice = summary["run"].get("threads")
+    return None if choice is None else choice["threads"]
+
+
+# --------------------------------------------------------------------------------------------
+# the table
+
+
+def table(records: list[dict]) -> str:
+    """One row per case, in the order run."""
+    from sparsespec.tables import format_cell, markdown_table
+
+    columns = ["case", "load", "AR tok/s", "AR threads", "method", "tok/s", "threads", "speed-up (95% CI)",
+               "k=0 rounds", "match AR", "machine busy", "load lasted"]
+    rows = []
+    for r in records:
+        low, high = r["speedup_ci95"]
+        ci = f" ({low:.2f}-{high:.2f})" if low is not None else ""
+        rows.append(dict(zip(columns, [
+            r["case"], r["load"], format_cell(r["ar_tokens_per_s"], ".2f"), format_cell(r["ar_threads"], "d"),
+            r["method"], format_cell(r["tokens_per_s"], ".2f"), format_cell(r["threads"], "d"),
+            f"{format_cell(r['speedup_vs_ar'], '.2f')}x{ci}", format_cell(r["k0_share"], ".0%"),
+            format_cell(r["outputs_match_ar"], ".0%"), format_cell((r["bench"] or {}).get("noisy")),
+            "-" if r["load_outlived_run"] is None else ("whole run" if r["load_outlived_run"] else "ended early")])))
+    return markdown_table(rows, columns)
+
+
+def write_table(out: Path) -> Path:
+    records = [json.loads(p.read_text()) for p in sorted(out.glob(f"*/{CASE_FILE}"), key=lambda p: p.stat().st_mtime)]
+    path = out / TABLE_FILE
+    path.write_text(table(records) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# the command line
+
+
+def parse_cases(text: str) -> list[Load]:
+    """`quiet,matmul` -> those loads, in order, each once."""
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in LOADS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown case {', '.join(bad) or '(none given)'}; "
+                                         f"accepted: {', '.join(LOADS)}")
+    return [LOADS[n] for n in dict.fromkeys(names)]
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.error = lambda message: parser.exit(2, f"error: {message}\n")     # one line, no usage block
+    parser.add_argument("--out", type=Path, help="folder of the cases (<out>/<case>/) and load_bench.md")
+    parser.add_argument("--cases", type=parse_cases, default=list(LOADS.values()),
+                        help=f"comma-separated, from: {', '.join(LOADS)} (default: all)")
+    parser.add_argument("--load-s", type=positive_seconds, default=LOAD_S, help="a load's own time limit")
+    parser.add_argument("--method", default=METHOD, help="the bench.methods entry beside AR (default: sparsespec)")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a load's process
+    parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)                  # ... and the benchmark's
+    args, overrides = parser.parse_known_args(argv)
+    if args.worker:
+        print(WORKERS[args.worker](args.load_s, args.parent))
+        return 0
+    if args.out is None:
+        parser.exit(2, "error: --out FOLDER is required (where the cases and load_bench.md are written)\n")
+    bad = [o for o in overrides if "=" not in o or o.startswith("-")]
+    if bad:
+        parser.exit(2, f"error: {bad[0]!r} is neither an option of this script nor a run.py override key=value\n")
+    return run_cases(args.cases, args.out, overrides, args.load_s, args.method)
+
+
+def run_cases(cases: list[Load], out: Path, overrides: list[str], load_s: float, method: str = METHOD) -> int:
+    """Run every case not written yet, then table all written ones."""
+    from hydra.errors import HydraException
+
+    from sparsespec.errors import ConfigError, UnavailableError, exit_with_error
+
+    out.mkdir(parents=True, exist_ok=True)
+    for load in cases:
+        record_path = out / load.name / CASE_FILE
+        if record_path.exists():
+            print(f"{load.name}: done already ({record_path}), skipped", flush=True)
+            continue
+        try:
+            record = run_case(load, out / load.name, overrides, load_s, method)
+        except (ConfigError, UnavailableError, HydraException) as err:
+            exit_with_error(err)
+        record_path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"{load.name}: {record['speedup_vs_ar']:.2f}x, threads AR {record['ar_threads']} / "
+              f"{method} {record['threads']}, k=0 rounds {record['k0_share']}", flush=True)
+    print(f"table: {write_table(out)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))   # a kill stops the running load too
+    sys.exit(main())

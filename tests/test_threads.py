@@ -1,0 +1,231 @@
+"""Threads chosen by measurement (sparsespec/threads.py) and the cost profile sized to the run
+(sparsespec/calibration.py): the rules, and the choice reaching the decoders, on a tiny model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sparsespec
+from conftest import build_tiny, random_prompt
+from sparsespec import threads
+from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
+                                    measure_planned, plan_profiles, profile_size)
+from sparsespec.controller import CostProfile
+from sparsespec.harness.report import busy_line, threads_line
+
+
+def profile(draft_step_s: float, verify_s: dict[int, float]) -> CostProfile:
+    return CostProfile(draft_step_s=draft_step_s, verify_s=verify_s)
+
+
+def test_thread_counts_are_one_and_the_default():
+    assert threads.thread_counts(4) == (1, 4)
+    assert threads.thread_counts(1) == (1,)
+
+
+def test_using_sets_the_count_and_restores_it_even_after_an_error():
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    with threads.using(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), threads.using(other):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with threads.using(None):
+        assert torch.get_num_threads() == before
+
+
+def test_the_cheaper_count_is_chosen_and_a_tie_goes_to_fewer_threads():
+    assert threads.choose({1: 0.03, 2: 0.02}, "C_AR").threads == 2
+    assert threads.choose({1: 0.02, 2: 0.03}, "C_AR").threads == 1
+    assert threads.choose({2: 0.02, 1: 0.02}, "C_AR").threads == 1
+    assert threads.choose({1: 0.02, 2: 0.03}, "C_AR").as_dict()["cost_s"] == {"1": 0.02, "2": 0.03}
+
+
+def test_speculation_is_compared_on_one_round_at_each_profiled_k():
+    # W = (1 * 0.01 + 0.05) + (4 * 0.01 + 0.08)
+    assert threads.profile_work_s(profile(0.01, {1: 0.05, 4: 0.08})) == pytest.approx(0.18)
+
+
+def test_a_mixed_plan_pays_only_when_it_beats_both_counts_by_more_than_its_switches():
+    # drafting is faster at 2 threads, verification at 1 (as beside a busy core)
+    by_count = {1: profile(0.010, {1: 0.05, 4: 0.08}), 2: profile(0.006, {1: 0.09, 4: 0.20})}
+    cheap = threads.mixed_plan(by_count, switch_s=1e-5)
+    assert (cheap["draft_threads"], cheap["verify_threads"]) == (2, 1)
+    # W(mixed) = (0.006 + 0.05) + (0.024 + 0.08) + 4 switches; W(1) = 0.18
+    assert cheap["work_s"] == pytest.approx(0.16 + 4e-5) and cheap["pays"] is True
+    assert threads.mixed_plan(by_count, switch_s=0.01)["pays"] is False
+    same = {1: profile(0.010, {1: 0.05}), 2: profile(0.020, {1: 0.09})}
+    assert threads.mixed_plan(same, switch_s=0.0) is None
+    assert threads.mixed_plan({1: by_count[1]}, switch_s=None) is None
+
+
+def test_a_switch_cost_is_measured_and_leaves_the_count_as_it_was():
+    before = torch.get_num_threads()
+    cost = threads.switch_cost_s((1, 2), repeats=20)
+    assert math.isfinite(cost) and cost >= 0
+    assert torch.get_num_threads() == before
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: a CPU\nflags\t\t: fpu sse avx2 avx512f\n")
+    assert threads.cpu_flags(cpuinfo) == {"avx2": True, "avx512": True, "amx": False}
+    cpuinfo.write_text("model name\t: a CPU without flags\n")
+    assert threads.cpu_flags(cpuinfo) == {"avx2": None, "avx512": None, "amx": None}
+    assert threads.cpu_flags(tmp_path / "missing") == {"avx2": None, "avx512": None, "amx": None}
+
+
+def test_the_machine_record_names_the_blas_and_the_default_count():
+    facts = threads.machine()
+    assert f"BLAS_INFO={facts['blas']}" in torch.__config__.show()
+    assert facts["default_threads"] == threads.DEFAULT_THREADS >= 1
+    assert set(facts["cpu_flags"]) == {"avx2", "avx512", "amx"}
+
+
+# --------------------------------------------------------------------------------------------
+# the profile sized to the run
+
+
+def test_a_smoke_run_profiles_the_floor_only():
+    # 2 prompts x 16 tokens: a budget of 8 tokens, one cycle of k = 1, 2 (6 tokens)
+    assert profile_size(16, 2) == (FLOOR_KS, 1)
+    assert cycle_tokens(FLOOR_KS, 1) < cycle_tokens(DEFAULT_KS, 2) / 10
+
+
+def test_a_long_run_keeps_the_full_two_cycle_profile():
+    assert profile_size(128, 4) == (DEFAULT_KS, 2)     # 128 tokens of budget, 99 needed
+    assert profile_size(128, 2) == (DEFAULT_KS, 1)     # 64: one cycle (50 tokens)
+
+
+def test_no_k_the_run_cannot_draft_is_profiled():
+    ks, repeats = profile_size(8, 100)
+    assert ks == tuple(k for k in DEFAULT_KS if k < 8) and repeats == 2
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 16, 40, 64, 128, 512])
+@pytest.mark.parametrize("num_prompts", [1, 2, 4, 10])
+def test_the_profile_stays_within_its_share_of_the_run_or_at_the_floor(max_new_tokens, num_prompts):
+    ks, repeats = profile_size(max_new_tokens, num_prompts)
+    budget = PROFILE_SHARE * max_new_tokens * num_prompts
+    assert cycle_tokens(ks, repeats) <= budget or (ks, repeats) == (FLOOR_KS, 1)
+    assert set(FLOOR_KS) <= set(ks) and repeats in (1, 2)
+
+
+def test_a_smoke_run_plans_a_probe_and_ar_steps_at_every_count_and_nothing_more():
+    jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=True, max_new_tokens=16,
+                         num_prompts=2, counts=(1, 2))
+    assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("ar", 1), ("ar", 2)]
+    probe = next(iter(jobs.values()))
+    assert probe.options["ks"] == FLOOR_KS and probe.length == cycle_tokens(FLOOR_KS, 1)
+    assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entry == "ar")
+
+
+def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
+    jobs = plan_profiles({"sparsespec": ("sparsespec", {})}, ar=False, max_new_tokens=128, num_prompts=4, counts=(1, 2))
+    assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("sparsespec", None)]
+    sized = list(jobs.values())[-1]
+    assert sized.options["ks"] == DEFAULT_KS and sized.length == cycle_tokens(DEFAULT_KS, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# on a tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny("llama")
+
+
+def measured(tiny, prompt, jobs, monkeypatch=None) -> RunCalibration:
+    starts = sparsespec.prefill(tiny, prompt, methods={label: (j.method, j.options) for label, j in jobs.items()},
+                                lengths={label: j.length for label, j in jobs.items()})
+    calibration = RunCalibration()
+    measure_planned(tiny, prompt, starts, jobs, calibration)
+    assert not starts                                                # every start decoded once
+    return calibration
+
+
+def test_the_sized_profile_is_measured_at_the_count_the_probes_chose(tiny, monkeypatch):
+    import sparsespec.calibration as calibration_module
+    at = []
+    measure = calibration_module.measure_cost_profile
+
+    def recording(model, inputs, **kwargs):
+        profile = measure(model, inputs, **kwargs)
+        at.append((torch.get_num_threads(), tuple(profile.verify_s)))
+        return profile
+    monkeypatch.setattr(calibration_module, "measure_cost_profile", recording)
+    jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=False, max_new_tokens=20,
+                         num_prompts=4, counts=(1, 2))
+    calibration = measured(tiny, random_prompt(200), jobs)
+    chosen = calibration.choices["sparsespec"].threads
+    ks, _ = profile_size(20, 4)                                      # (1, 2, 4, 8) once: 20 tokens
+    # a round whose k would pass the profile's length drafts fewer: measured too (k = 6 of 8 here)
+    assert [(t, set(FLOOR_KS) <= set(v), set(ks) <= set(v)) for t, v in at] == [(1, True, False), (2, True, False),
+                                                                                (chosen, True, True)]
+    assert set(calibration.get("sparsespec").verify_s) == set(at[-1][1])
+
+
+def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
+    prompt = random_prompt(200)
+    jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=True, max_new_tokens=16,
+                         num_prompts=2, counts=(1, 2))
+    starts = sparsespec.prefill(tiny, prompt, methods={label: (j.method, j.options) for label, j in jobs.items()},
+                                lengths={label: j.length for label, j in jobs.items()})
+    before = torch.get_num_threads()
+    calibration = RunCalibration()
+    measure_planned(tiny, prompt, starts, jobs, calibration)
+    assert torch.get_num_threads() == before and not starts          # every start decoded once
+    spec, ar = calibration.choices["sparsespec"], calibration.choices["ar"]
+    assert set(spec.cost_s) == set(ar.cost_s) == {1, 2}
+    assert spec.threads == min(spec.cost_s, key=spec.cost_s.get) and ar.threads == min(ar.cost_s, key=ar.cost_s.get)
+    assert set(calibration.get("sparsespec").verify_s) == set(FLOOR_KS)
+    assert threads.profile_work_s(calibration.get("sparsespec")) == spec.cost_s[spec.threads]
+    assert spec.mixed is None or spec.mixed["switch_s"] >= 0
+    assert calibration.threads_for("ar (reference)", "ar") == ar.threads
+    assert calibration.threads_for("sparsespec", "sparsespec") == spec.threads
+    assert calibration.threads_for("pld", "pld") is None
+
+
+def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from sparsespec.harness import runner
+    seen = {}
+    generate = sparsespec.generate
+
+    def recording(model, input_ids, **kwargs):
+        gen = generate(model, input_ids, **kwargs)
+        seen[kwargs["prefilled"].method] = torch.get_num_threads()
+        return gen
+    monkeypatch.setattr(sparsespec, "generate", recording)
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    calibration = RunCalibration(choices={"ar": threads.ThreadChoice(other, {other: 0.0}, "C_AR")})
+    cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False})
+    decoders = {"ar (reference)": ("ar", {}), "sparsespec": ("sparsespec", {"budget": 0.5})}
+    gens = runner.decode_prompt(tiny, random_prompt(200), decoders, cfg, 0, 6, calibration)
+    assert seen == {"ar": other, "sparsespec": before}       # nothing measured for sparsespec: as it was
+    assert gens["sparsespec"].tokens == gens["ar (reference)"].tokens
+    assert torch.get_num_threads() == before
+
+
+# --------------------------------------------------------------------------------------------
+# the result table
+
+
+def test_the_table_says_when_the_machine_was_busy():
+    line = busy_line({"cpu_busy_before": 0.4, "cpu_busy_after": 0.1, "noisy": True})
+    assert "40%/10%" in line and "busy" in line
+    assert busy_line({"cpu_busy_before": 0.01, "cpu_busy_after": 0.02, "noisy": False}) is None
+    assert busy_line(None) is None
+
+
+def test_the_table_names_the_chosen_threads():
+    choice = threads.choose({1: 0.012, 2: 0.020}, "C_AR").as_dict()
+    assert threads_line(choice) == "threads: 1 (measured C_AR: 1 -> 12.0 ms, 2 -> 20.0 ms)"
+    assert threads_line(None) is None
