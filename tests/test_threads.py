@@ -12,7 +12,7 @@ from conftest import build_tiny, random_prompt
 from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
                                     measure_planned, plan_profiles, profile_size)
-from sparsespec.controller import CostProfile
+from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
 
