@@ -127,6 +127,7 @@ def tiny_harness(monkeypatch):
     monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (model, tokenizer, prompts(cfg.num_prompts)))
 
 
+@pytest.mark.slow   # three harness runs beside worker processes
 def test_each_case_writes_its_record_and_the_table_and_a_rerun_skips_it(tiny_harness, tmp_path, monkeypatch, capsys):
     out = tmp_path / "bench"
     assert load_bench.main(["--out", str(out), "--cases", "quiet,spin", "--load-s", "120", "--method", ENTRY, *RUN]) == 0

@@ -88,6 +88,7 @@ def test_describe_lists_every_option_with_its_default():
         assert f"    {name} " in text
 
 
+@pytest.mark.slow   # composes every method's config
 def test_the_method_listing_takes_every_name_method_accepts(capsys):
     """`python -m sparsespec.methods <name>` for every conf/method file (sparsespec_fixed included)
     and every engine method; an unknown name is one line and exit 2."""

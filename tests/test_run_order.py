@@ -120,6 +120,7 @@ def test_fixed_decodes_ar_then_the_listed_methods(decoded, tmp_path):
     assert [positions(samples, row) for row in range(2)] == [["ar", *METHODS]] * 2
 
 
+@pytest.mark.slow   # two harness sittings
 def test_a_resume_decodes_what_is_left_in_the_first_sittings_order_and_adds_each_sample_once(decoded, tmp_path):
     run, calls = decoded
     unbroken = [prompt_order(["ar", *METHODS], 0, i, "random") for i in range(4)]   # what an unbroken run decodes
@@ -137,6 +138,7 @@ def test_a_resume_decodes_what_is_left_in_the_first_sittings_order_and_adds_each
     assert samples["ar"][2]["run_position"] == 0                 # decoded alone this time
 
 
+@pytest.mark.slow   # two harness sittings
 def test_a_resume_with_an_unrecorded_ar_reference_gives_it_ars_place(decoded, tmp_path):
     run, calls = decoded
     entries = ["ar", *METHODS]

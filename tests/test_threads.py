@@ -149,6 +149,7 @@ def measured(tiny, prompt, jobs, monkeypatch=None) -> RunCalibration:
     return calibration
 
 
+@pytest.mark.slow   # profiles a tiny model at two thread counts
 def test_the_sized_profile_is_measured_at_the_count_the_probes_chose(tiny, monkeypatch):
     import sparsespec.calibration as calibration_module
     at = []
@@ -170,6 +171,7 @@ def test_the_sized_profile_is_measured_at_the_count_the_probes_chose(tiny, monke
     assert set(calibration.get("sparsespec").verify_s) == set(at[-1][1])
 
 
+@pytest.mark.slow   # profiles a tiny model at two thread counts
 def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
     prompt = random_prompt(200)
     jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=True, max_new_tokens=16,
