@@ -24,6 +24,8 @@ output (B, q, H, D). Query head h reads KV head h // G, G = H / Hkv.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -34,12 +36,25 @@ from .selection import gather_positions, window_start
 ATTN_IMPLEMENTATION = "sparsespec"
 
 
-def sparsespec_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                         attn_hook=None, **kwargs):
+def sparsespec_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                                 attn_hook=None, **kwargs):
     if attn_hook is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     return attn_hook(module, query, key, value, attention_mask, scaling, **kwargs)
+
+
+@contextmanager
+def sparsespec_attention(model):
+    """Run the model with the registered "sparsespec" attention; restore its own afterwards."""
+    original = model.config._attn_implementation
+    if original != ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    try:
+        yield
+    finally:
+        if original != ATTN_IMPLEMENTATION:
+            model.set_attn_implementation(original)
 
 
 def attend_all(module, query, key, value, attention_mask, scaling, **kwargs):
@@ -55,7 +70,7 @@ def attend_all(module, query, key, value, attention_mask, scaling, **kwargs):
 
 def register() -> None:
     """Idempotent. The mask must be registered too, or transformers silently passes masks of None."""
-    AttentionInterface.register(ATTN_IMPLEMENTATION, sparsespec_attention)
+    AttentionInterface.register(ATTN_IMPLEMENTATION, sparsespec_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 

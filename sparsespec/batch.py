@@ -40,12 +40,14 @@ import time
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .attention import apply_probs, grouped_attention_probs, grouped_sdpa
+from .attention import apply_probs, grouped_attention_probs, grouped_sdpa, sparsespec_attention
 from .cache import num_decoder_layers
 from .eos import through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .logits import target_logits
+from .method_options import build_method
+from .methods import METHODS
 from .methods.ar import AutoregressiveDrafter
 from .methods.layerskip import LayerSkipDrafter, early_exit
 from .methods.pld import PromptLookupDrafter, lookup_continuation
@@ -58,7 +60,6 @@ from .timing import RoundTimers, Stopwatch, synchronize
 
 
 def batched_methods() -> list[str]:
-    from .methods import METHODS
     return sorted(name for name, cls in METHODS.items()
                   if issubclass(cls, (AutoregressiveDrafter, GatheredKVDrafter, PromptLookupDrafter, LayerSkipDrafter)))
 
@@ -461,7 +462,7 @@ def check_batchable(method: str, options: dict) -> None:
 
 
 def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_tokens: int,
-                   sampler: Sampler, stop_ids: set, cost_prior, options: dict, build_method,
+                   sampler: Sampler, stop_ids: set, cost_prior, options: dict,
                    prefilled: list | None = None) -> BatchGenerations:
     """Decode `prompts` together; see the module docstring. `prefilled` (checked by the caller):
     one shared prefill per prompt (`sparsespec.prefill`), decoded from instead of prefilling."""
@@ -499,7 +500,6 @@ def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_t
     del prefills
     drafter = batch_draft_for(model, seqs, windows, controller.max_k)
 
-    from .decode import sparsespec_attention
     active = [s for s in seqs if not s.done(stop_ids)]
     if active and len(active) < len(seqs):      # none left: every sequence ended at its first token
         cache.keep([s.index for s in active])
@@ -529,7 +529,6 @@ def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_t
 
 def prefill_one(model, prompt, drafter):
     """The single-sequence prefill of one prompt (its drafter observing), in a cache of its own."""
-    from .decode import sparsespec_attention
     with sparsespec_attention(model):
         return run_prefill(model, prompt, drafter.prefill_observers(), capacity=prompt.numel(), exclusive=True)
 

@@ -14,34 +14,20 @@ Autoregressive decoding is this loop with k = 0: every round is one forward of o
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 
-from . import attention, batch
+from . import batch
+from .attention import sparsespec_attention
 from .eos import eos_token_ids, through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .logits import target_logits
-from .method_options import resolve
-from .methods import METHODS
+from .method_options import build_method
 from .methods.base import DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
 from .shared_prefill import PrefillMemo, Prefilled, run_prefill
 from .timing import RoundTimers, Stopwatch
-
-
-@contextmanager
-def sparsespec_attention(model):
-    """Run the model with the registered "sparsespec" attention; restore its own afterwards."""
-    original = model.config._attn_implementation
-    if original != attention.ATTN_IMPLEMENTATION:
-        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
-    try:
-        yield
-    finally:
-        if original != attention.ATTN_IMPLEMENTATION:
-            model.set_attn_implementation(original)
 
 
 def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
@@ -63,17 +49,6 @@ def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
         raise ConfigError(f"input_ids holds token id {int(outside[0])}, outside the model's vocabulary of "
                           f"{vocab_size} (accepted: 0 to {vocab_size - 1})")
     return ids.to(device)
-
-
-def build_method(model, prompt_len: int, method: str, max_new_tokens: int, options: dict):
-    """(drafter, controller, resolved options) of `method` for a prompt of `prompt_len` tokens."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
-        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    resolved = resolve(method, options)           # every option checked before any work
-    controller = resolved.make_controller()
-    drafter = METHODS[method](model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                              max_k=controller.max_k, options=resolved.drafter_options)
-    return drafter, controller, resolved.as_dict()
 
 
 def prompt_of(model, input_ids) -> torch.Tensor:
@@ -194,8 +169,7 @@ def generate_batch(model, input_ids, attention_mask, *, method, max_new_tokens, 
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
     return batch.generate_batch(model, prompts, method=method, max_new_tokens=max_new_tokens, sampler=sampler,
-                                stop_ids=stop_ids, cost_prior=cost_prior, options=options,
-                                build_method=build_method, prefilled=prefilled)
+                                stop_ids=stop_ids, cost_prior=cost_prior, options=options, prefilled=prefilled)
 
 
 def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict) -> Prefilled:

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import lm_eval_stats
+from sparsespec.batch import batched_methods
 from sparsespec.eos import eos_token_ids
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.method_options import coerce_options, option_names, resolve
@@ -66,7 +67,6 @@ class SparseSpecLM(HFLM):
         self.generation_batch_size = self.generation_batch_size_for(self.batch_size)
 
     def generation_batch_size_for(self, batch_size) -> int:
-        from sparsespec.batch import batched_methods
         size = int(batch_size) if str(batch_size).isdigit() else 1
         if size > 1 and self.method not in batched_methods():
             logger.warning("method %s does not run batched (batched methods: %s); generate_until decodes one "

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "hydra-core",
             "omegaconf", "hydra-submitit-launcher", "submitit", "wandb", "datasets", "numpy", "gguf")
 REPO = Path(__file__).resolve().parents[2]   # the checkout that holds this package
@@ -50,8 +52,6 @@ def cpu_name() -> str:
 
 
 def gpu_info() -> dict:
-    import torch
-
     if not torch.cuda.is_available():
         return {"gpu": None, "gpu_count": 0, "cuda": None}
     return {"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
@@ -59,8 +59,6 @@ def gpu_info() -> dict:
 
 
 def collect(*, device: str, dtype: str) -> dict:
-    import torch
-
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

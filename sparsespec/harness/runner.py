@@ -19,13 +19,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sparsespec import hf_reference, stats
+import sparsespec
+from sparsespec import calibration, hf_reference, stats
+from sparsespec.batch import batched_methods, check_batchable
 from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
+from sparsespec.models import load_model, max_context
 from sparsespec.shared_prefill import PrefillMemo
+from sparsespec.tasks import load_prompts
 
 from . import environment
 from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name,
@@ -122,9 +129,6 @@ def method_node(entry: str) -> DictConfig:
         for key, value in options.items():
             OmegaConf.update(node, f"options.{key}", _parse(value))
         return node
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     overrides = [f"method={name}", *(f"++method.options.{kv}" for kv in assignments)]
     # k and budget are labelled by analysis/ from the options; any other option names the run apart
     # ("sparsespec acceptance_model=paper"), so two entries of one method never share a label
@@ -139,8 +143,6 @@ def method_node(entry: str) -> DictConfig:
 
 def _parse(text: str):
     """A command-line value as Hydra would read it (int, float, bool, null or string)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return OverridesParser.create().parse_override(f"x={text}").value()
 
 
@@ -167,7 +169,6 @@ def resolved_method_options(method: str, options: dict) -> dict:
 def check_method_run(run: MethodRun) -> None:
     resolved_method_options(run.method, run.options)
     if batch_size(run.cfg) > 1:
-        from sparsespec.batch import batched_methods, check_batchable
         if hf_reference.is_reference(run.method):
             raise ConfigError(f"method {run.method!r} does not run batched (batch_size={batch_size(run.cfg)}); "
                               f"batched methods: {batched_methods()}")
@@ -204,9 +205,6 @@ def resume_settings(cfg: DictConfig, device: str) -> dict:
 
 def load_inputs(cfg: DictConfig, device: str):
     """(model, tokenizer, prompts), with a progress bar over the two loads."""
-    from sparsespec.models import load_model, max_context
-    from sparsespec.tasks import load_prompts
-
     spec = model_spec(cfg)
     with tqdm(total=2, desc="loading", unit="step") as bar:
         bar.set_postfix_str(f"model {cfg.model.name} ({cfg.dtype}, {device})")
@@ -241,8 +239,7 @@ def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: d
     decoded, before its methods decode, so it costs no prefill of its own."""
     if not cfg.cost_profile:
         return {}
-    from sparsespec.calibration import profile_decoder
-    return {PROFILE + run.entry: profile_decoder(run.method, run.options) for run in todo
+    return {PROFILE + run.entry: calibration.profile_decoder(run.method, run.options) for run in todo
             if run.entry not in cost_priors and not hf_reference.is_reference(run.method)
             and resolved_options(run.method, run.options).get("controller") == "entropy"}
 
@@ -250,19 +247,15 @@ def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: d
 def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: dict) -> None:
     """Measure every profile of `profiles` from its start in `starts` (one prompt's prefill: label ->
     Prefilled; a batch's: a list of them) and put it in `cost_priors` under its run's entry."""
-    from sparsespec.calibration import measure_cost_profile
-
     for label in profiles:
         start = time.perf_counter()
         prefilled = starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
-        cost_priors[label.removeprefix(PROFILE)] = measure_cost_profile(model, inputs, prefilled=prefilled)
+        cost_priors[label.removeprefix(PROFILE)] = calibration.measure_cost_profile(model, inputs, prefilled=prefilled)
         log.info("%s (from the shared prefill; not recorded as a sample): %.1f s", label, time.perf_counter() - start)
 
 
 def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
     """One prefill of `prompt` for the engine's decoders and the cost profiles (each at its own length)."""
-    import sparsespec
-
     methods = {**engine, **{label: (method, options) for label, (method, options, _) in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
                               lengths={label: length for label, (_, _, length) in profiles.items()}, memo=PREFILL_MEMO)
@@ -273,8 +266,6 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     """label -> Generation for every decoder (label -> (method, options)), back to back in the
     given order, all of sparsespec's methods from one shared prefill of the prompt. `profiles`
     (`profiles_to_measure`) are measured first, from the same prefill, into `cost_priors`."""
-    import sparsespec
-
     cost_priors = {} if cost_priors is None else cost_priors
     profiles = profiles or {}
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
@@ -298,8 +289,6 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg
     back, each decoding the whole batch together (sparsespec/batch.py), all from one shared prefill
     of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N). `profiles` are
     measured first, on the batch, from the same prefills: a batch's controller weighs a batch's costs."""
-    import sparsespec
-
     cost_priors = {} if cost_priors is None else cost_priors
     profiles = profiles or {}
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
