@@ -89,10 +89,6 @@ class PreallocatedCache(Cache):
         for layer in self.layers:
             layer.truncate(length)
 
-    def truncate_layers(self, length: int, layers: range) -> None:
-        for i in layers:
-            self.layers[i].truncate(length)
-
     def copy_prefix(self, length: int, capacity: int) -> "PreallocatedCache":
         """A new cache with room for `capacity` positions holding a copy of this one's first
         `length` (writes to either leave the other unchanged)."""

@@ -99,7 +99,7 @@ def test_one_prefill_fans_out_to_several_observers_and_changes_nothing():
     plain = prefill(None)
     alone = []
     for d in drafters:
-        assert prefill(d.prefill_hook()).equal(plain)
+        assert prefill(ObservedPrefillHook(d.prefill_observers())).equal(plain)
         alone.append({k: v.clone() for k, v in d.policy.observed.items()})
         d.policy.observed.clear()
     shared = ObservedPrefillHook([o for d in drafters for o in d.prefill_observers()])

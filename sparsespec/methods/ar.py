@@ -11,6 +11,10 @@ class AutoregressiveDrafter(Drafter):
     name = "ar"
     controllers = ("fixed",)
     drafts = False
+    batchable = True
 
     def verify_hook(self):
         return None    # one query per step: transformers' SDPA, no mask (its fastest path)
+
+    def batch_proposer(self, windows: list):
+        return None    # proposes nothing

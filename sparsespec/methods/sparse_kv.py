@@ -19,10 +19,11 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import ExplicitAttentionHook, QueryAwareDraftHook, StaticDraftHook, attend_all
+from ..attention import QueryAwareDraftHook, StaticDraftHook, attend_all
+from ..batch_cache import BatchCache, BatchDraftCache, BatchDraftHook, gather_batch, pad_positions
 from ..cache import PreallocatedCache, StaticDraftCache, num_decoder_layers
 from ..selection import gather_positions, sliding_window_of, window_start
-from .base import DecodeState, ModelDrafter
+from .base import BatchModelProposer, DecodeState, ModelDrafter
 from .policies import KVPolicy, QueryAwarePolicy
 from .policies.base import DraftCacheOptions
 
@@ -61,8 +62,8 @@ class SparseKVDrafter(ModelDrafter):
     def after_prefill(self, state: DecodeState) -> None:
         self.policy.after_prefill(state)
 
-    def verify_hook(self):
-        return ExplicitAttentionHook(self.policy.verification_observer())
+    def verify_observer(self):
+        return self.policy.verification_observer()
 
     def after_verify(self, state, hook, accepted, submitted) -> None:
         self.policy.after_verify(state, accepted)
@@ -70,6 +71,7 @@ class SparseKVDrafter(ModelDrafter):
 
 class GatheredKVDrafter(SparseKVDrafter):
     """Selects once per round and drafts over a gathered draft cache."""
+    batchable = True
 
     def __init__(self, model, **kw):
         super().__init__(model, **kw)
@@ -91,11 +93,15 @@ class GatheredKVDrafter(SparseKVDrafter):
             self.step_model = torch.compile(self.drafting_model, dynamic=False, backend=backend, mode=mode)
         self.resolved_options.update(static_draft=self.static)
 
+    def select_positions(self, layer: int, length: int) -> torch.Tensor:
+        """(Hkv, M) the positions layer `layer` drafts over, of a sequence of `length` cached positions."""
+        return self.policy.select_positions(layer, length, window_start(self.windows[layer], length))
+
     def prepare(self, state: DecodeState) -> None:
         """Select each layer's positions and gather them into the draft cache."""
         length = state.length
         for i, (full, draft) in enumerate(zip(state.cache.layers, self.draft_cache.layers)):
-            positions = self.policy.select_positions(i, length, window_start(self.windows[i], length))
+            positions = self.select_positions(i, length)
             keys, values = gather_positions(full.keys, full.values, positions)
             if self.static:
                 draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype), positions)
@@ -109,6 +115,34 @@ class GatheredKVDrafter(SparseKVDrafter):
         out = self.step_model(input_ids=token, position_ids=position_ids, past_key_values=self.draft_cache,
                               use_cache=True, attn_hook=self.draft_hook, logits_to_keep=1)
         return out.logits[0, -1]
+
+    def batch_proposer(self, windows: list) -> "GatheredProposer":
+        return GatheredProposer(self.drafting_model, self.draft_dtype, windows, self.max_k)
+
+
+class GatheredProposer(BatchModelProposer):
+    """A gathered sparse-KV draft for a batch: each sequence's own policy selects its positions,
+    gathered into one padded draft cache."""
+
+    def __init__(self, model, dtype: torch.dtype, windows: list, max_k: int):
+        self.model, self.dtype = model, dtype
+        self.cache = BatchDraftCache(len(windows), steps=max_k + 2)
+        self.hook = BatchDraftHook(self.cache, windows)
+
+    def prepare(self, target: BatchCache, seqs: list) -> None:
+        """Per layer: each sequence's policy selects (Hkv, M_b) positions; gathered into the draft cache."""
+        lengths = target.length_list
+        for i, (full, draft) in enumerate(zip(target.layers, self.cache.layers)):
+            positions = pad_positions([s.drafter.select_positions(i, lengths[b]) for b, s in enumerate(seqs)])
+            keys, values = gather_batch(full.keys, full.values, positions)            # (B, Hkv, M, D)
+            draft.load(keys.to(self.dtype), values.to(self.dtype), positions)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (B,) at absolute positions (B,) -> (B, V) next-token logits."""
+        self.cache.query_position = positions.view(-1, 1)
+        out = self.model(input_ids=tokens.view(-1, 1), position_ids=positions.view(-1, 1),
+                         past_key_values=self.cache, use_cache=True, attn_hook=self.hook, logits_to_keep=1)
+        return out.logits[:, -1]
 
 
 class QueryAwareKVDrafter(SparseKVDrafter):
