@@ -1,8 +1,10 @@
-"""Batched decoding: B prompts of different lengths decoded together, lossless per sequence.
+"""The decode loop: B prompts of different lengths decoded together, lossless per sequence. One
+prompt is an ordinary batch of B = 1.
 
-    prefill each prompt alone (B=1, the single-sequence prefill, its drafter observing it), or
-        start from the prompts' shared prefills (`generate(prompts, prefilled=[...])`)
-    copy the B prompt caches into one `BatchCache` (sequence b's position p at slot p)
+    start from each prompt's prefill (its own, its drafter observing it, or a shared one:
+        `generate(prompts, prefilled=[...])`; sparsespec/decode.py prepares them)
+    copy the B prompt caches into one `BatchCache` (sequence b's position p at slot p; a batch of
+        one decodes in its own prefill's cache, no copy)
     repeat while a sequence is unfinished:
         k      = the batch controller's draft length (one k for every sequence of the batch)
         drafts = (B, k): the sparse-KV draft over per-sequence, per-layer, per-KV-head positions
@@ -24,7 +26,9 @@ Drafts: the loop asks the first sequence's drafter for the batch's proposer (`Dr
 sparsespec/methods/base.py) and talks to the drafters only through that contract: the gathered
 sparse-KV policies gather each sequence's own positions into one padded draft cache, LayerSkip drafts
 with the first layers over the batch cache, prompt lookup looks up per sequence, AR proposes nothing.
-`batched_methods()` lists the `batchable` ones; any other method is a ConfigError.
+`batched_methods()` lists the `batchable` ones. A drafter that is not batchable (oracle, Quest,
+assisted, a static draft) drafts one sequence at a time: it decodes batches of one only, and a larger
+batch of it is a ConfigError.
 
 Sampling: one `Sampler` for the batch; each row is drawn on its own and each sequence runs exact
 rejection sampling on its own drafts (`accept_sampling`), so each output keeps the model's
@@ -43,12 +47,10 @@ from .eos import through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .logits import target_logits
-from .method_options import build_method
 from .methods import METHODS
 from .methods.base import BatchDraft, DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
 from .selection import sliding_window_of
-from .shared_prefill import run_prefill
 from .timing import RoundTimers, Stopwatch, synchronize
 
 
@@ -94,10 +96,11 @@ def prompts_of(input_ids, attention_mask, as_prompt) -> list[torch.Tensor]:
 class Sequence:
     """One sequence of the batch: its drafter (policy state), ids, output and trace."""
 
-    def __init__(self, index: int, prompt, drafter, sampler, capacity: int, max_new_tokens: int, model):
+    def __init__(self, index: int, prompt, drafter, sampler, capacity: int, max_new_tokens: int, model,
+                 cache: BatchCache):
         self.index, self.drafter = index, drafter
         n = prompt.numel()
-        self.state = DecodeState(model=model, cache=None, ids=torch.zeros(capacity, dtype=torch.long,
+        self.state = DecodeState(model=model, cache=cache, ids=torch.zeros(capacity, dtype=torch.long,
                                  device=prompt.device), length=n, prompt_len=n, sampler=sampler,
                                  max_new_tokens=max_new_tokens)
         self.state.ids[:n] = prompt
@@ -133,6 +136,7 @@ class BatchGenerations(list):
 
 
 def check_batchable(method: str, options: dict) -> None:
+    """A batch of more than one prompt needs a `batchable` method (any method decodes a batch of one)."""
     if method not in batched_methods():
         raise ConfigError(f"method {method!r} does not run batched yet; batched methods: {batched_methods()}")
     if options.get("compile_draft") or options.get("static_draft"):
@@ -140,43 +144,32 @@ def check_batchable(method: str, options: dict) -> None:
                           "its own padded draft cache (set them false, or decode one prompt)")
 
 
-def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_tokens: int,
-                   sampler: Sampler, stop_ids: set, cost_prior, options: dict,
-                   prefilled: list | None = None) -> BatchGenerations:
-    """Decode `prompts` together; see the module docstring. `prefilled` (checked by the caller):
-    one shared prefill per prompt (`sparsespec.prefill`), decoded from instead of prefilling."""
-    if prefilled is None:
-        check_batchable(method, options)
-        built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
-    else:
-        check_batchable(method, prefilled[0].options)
-        built = [(p.drafter, p.controller, p.options) for p in prefilled]
-        for p in prefilled:
-            p.used = True
-    device = prompts[0].device
-    controller = built[0][1]                               # the batch's one controller
+def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
+    """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller)
+    together; see the module docstring. The first start's controller is the batch's."""
+    for p in starts:
+        p.used = True
+    prompts = [p.shared.prompt for p in starts]
+    device, max_new_tokens = prompts[0].device, starts[0].max_new_tokens
+    controller = starts[0].controller                      # the batch's one controller
     if cost_prior is not None:
         controller.use_cost_prior(cost_prior)
     capacity = max(p.numel() for p in prompts) + max_new_tokens + controller.max_k + 2
     windows = [sliding_window_of(model, i) for i in range(num_decoder_layers(model))]
-
-    seqs, prefills = [], []
-    for b, (prompt, (drafter, _, _)) in enumerate(zip(prompts, built)):
-        seq = Sequence(b, prompt, drafter, sampler, capacity, max_new_tokens, model)
-        shared = prefill_one(model, prompt, drafter) if prefilled is None else prefilled[b].shared
-        watch = Stopwatch(device)
-        with watch:
-            token, _ = sampler.pick(shared.logits)
-            seq.state.ids[prompt.numel()] = token
-            drafter.after_prefill(seq.state)
-        seq.tokens.append(int(token))
-        seq.prefill_s = shared.seconds + watch.seconds
-        seqs.append(seq)
-        prefills.append(shared)
-
     cache = BatchCache(num_decoder_layers(model), capacity, [p.numel() for p in prompts], device)
-    cache.load(prefills)
-    del prefills
+    cache.load([p.shared for p in starts])
+
+    seqs = []
+    for b, start in enumerate(starts):
+        seq = Sequence(b, start.shared.prompt, start.drafter, sampler, capacity, max_new_tokens, model, cache)
+        watch = Stopwatch(device)       # this method's share of the prefill: its first token, its set-up
+        with watch:
+            token, _ = sampler.pick(start.shared.logits)
+            seq.state.ids[seq.state.length] = token
+            start.drafter.after_prefill(seq.state)
+        seq.tokens.append(int(token))
+        seq.prefill_s = start.shared.seconds + watch.seconds
+        seqs.append(seq)
     proposer = seqs[0].drafter.batch_proposer(windows)
 
     active = [s for s in seqs if not s.done(stop_ids)]
@@ -184,32 +177,25 @@ def generate_batch(model, prompts: list[torch.Tensor], *, method: str, max_new_t
         cache.keep([s.index for s in active])
     clock = Stopwatch(device)
     with sparsespec_attention(model), clock:
-        start = time.perf_counter()
+        start_s = time.perf_counter()
         while active:
             batch_round(model, cache, active, proposer, controller, sampler, windows)
             finished = [s for s in active if cut_and_check(s, stop_ids)]
             if finished:
                 synchronize(device)
                 for s in finished:
-                    s.finished_at = time.perf_counter() - start
+                    s.finished_at = time.perf_counter() - start_s
                 active = [s for s in active if s not in finished]
                 if active:      # finished sequences leave: their rows cost nothing from now on
                     cache.keep([s.row for s in active])
     out = BatchGenerations()
     out.decode_s, out.batch_size = clock.seconds, len(prompts)
     out.prefill_s = sum(s.prefill_s for s in seqs)
-    for s, (drafter_b, _, resolved) in zip(seqs, built):
-        gen = Generation(tokens=s.tokens, prefill_s=s.prefill_s, decode_s=s.finished_at, rounds=s.rounds,
-                         prompt_tokens=s.state.prompt_len, method=method,
-                         options={**resolved, **drafter_b.resolved_options, "batch_size": len(prompts)})
-        out.append(gen)
+    for s, start in zip(seqs, starts):
+        out.append(Generation(tokens=s.tokens, prefill_s=s.prefill_s, decode_s=s.finished_at, rounds=s.rounds,
+                              prompt_tokens=s.state.prompt_len, method=start.method,
+                              options={**start.options, **s.drafter.resolved_options}))
     return out
-
-
-def prefill_one(model, prompt, drafter):
-    """The single-sequence prefill of one prompt (its drafter observing), in a cache of its own."""
-    with sparsespec_attention(model):
-        return run_prefill(model, prompt, drafter.prefill_observers(), capacity=prompt.numel(), exclusive=True)
 
 
 def batch_round(model, cache: BatchCache, active: list, proposer, controller, sampler: Sampler, windows) -> None:
@@ -256,7 +242,7 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
         cache.set_lengths(lengths)                                                     # the rollback
     verify_s, draft_s, select_s = timers.verify.seconds, timers.draft.seconds, timers.select.seconds
     for s, a in zip(active, accepted):
-        s.drafter.after_verify(s.state, None, a, k)
+        s.drafter.after_verify(s.state, a, k)
     trace = controller.trace() if k else {}
     controller.observe_batch(per_seq, accepted, k, draft_s / steps if steps else None, verify_s)
     for s, a, ents in zip(active, accepted, per_seq):

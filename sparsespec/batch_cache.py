@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .attention import apply_probs, grouped_attention_probs, grouped_sdpa
 
@@ -72,7 +73,13 @@ class BatchCache(Cache):
         return self.lengths.view(-1, 1) + torch.arange(q, device=self.lengths.device)
 
     def load(self, prefills: list) -> None:
-        """Slots [0, n_b) of row b <- the prompt cache of prefill b ((1, Hkv, >= n_b, D) per layer)."""
+        """Slots [0, n_b) of row b <- the prompt cache of prefill b ((1, Hkv, >= n_b, D) per layer). A
+        batch of one whose prefill is its own (`exclusive`) and has room decodes in that prefill's
+        buffers, without a copy."""
+        if len(prefills) == 1 and prefills[0].exclusive and prefills[0].cache.layers[0].capacity >= self.capacity:
+            for layer, own in zip(self.layers, prefills[0].cache.layers):
+                layer.keys, layer.values, layer.is_initialized = own.keys, own.values, True
+            return
         for i, layer in enumerate(self.layers):
             first = prefills[0].cache.layers[i]
             b, (_, h, _, d) = len(prefills), first.keys.shape
@@ -106,15 +113,22 @@ def verify_mask(lengths: torch.Tensor, q: int, n: int, window: int | None) -> to
 class BatchVerifyHook:
     """Verification over a `BatchCache`: explicit packed-GQA attention with the per-sequence mask;
     `observers[b]` (or None) sees sequence b's probabilities (1, Hkv, G, q, L_b + q), exactly the
-    shape it sees when that sequence decodes alone."""
+    shape it sees when that sequence decodes alone. One query per sequence, every sequence of the
+    same length and no observer (AR, a batch of one in particular) needs no mask: transformers' SDPA
+    over the window's keys, its fastest path."""
 
     def __init__(self, cache: BatchCache, windows: list, observers: list):
         self.cache, self.windows, self.observers = cache, windows, observers
+        self.unmasked = min(cache.length_list) == cache.max_length and all(o is None for o in observers)
         self.masks: dict = {}
 
     def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
         q, n = query.shape[2], key.shape[2]
         window = self.windows[module.layer_idx]
+        if q == 1 and self.unmasked:                  # query at position n - 1 sees [n - window, n)
+            if window is not None and n > window:
+                key, value = key[:, :, -window:], value[:, :, -window:]
+            return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, **kwargs)
         if (window, q, n) not in self.masks:
             self.masks[(window, q, n)] = verify_mask(self.cache.lengths, q, n, window)
         probs = grouped_attention_probs(query, key, self.masks[(window, q, n)], scaling)   # (B, Hkv, G, q, N)

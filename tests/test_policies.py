@@ -118,7 +118,7 @@ def test_only_policies_that_recycle_verification_observe_it(method, observes):
     options = dict(sink=2, budget=20) if method == "streaming" else dict(sink=2, recent=4, budget=20)
     drafter = make_drafter(model, method, 200, **options)
     assert drafter.budget.total == 20
-    assert (drafter.verify_hook().observer is not None) == observes
+    assert (drafter.verify_observer() is not None) == observes
 
 
 def test_h2o_sums_prefill_and_the_kept_verification_queries_only():

@@ -105,7 +105,7 @@ class AssistedDrafter(ModelDrafter):
         self.cache_len = position + 1
         return match_vocab(logits, self.vocab)
 
-    def after_verify(self, state, hook, accepted, submitted) -> None:
+    def after_verify(self, state, accepted, submitted) -> None:
         # the draft cache holds [last, d_1, ...] from the old length on; [last, d_1..d_a] survived
         self.cache_len = min(self.cache_len, state.length)
         self.cache.truncate(self.cache_len)

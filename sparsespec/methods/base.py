@@ -20,19 +20,17 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import ExplicitAttentionHook
-from ..cache import PreallocatedCache
+from ..batch_cache import BatchCache
 from ..draft_weights import DRAFT_WEIGHTS, draft_model, resolve_draft_weights
 from ..options import NoOptions, OptionSet
 from ..sampling import Sampler, entropy
-from ..batch_cache import BatchCache
 
 
 @dataclass
 class DecodeState:
     """What the loop knows between rounds."""
     model: torch.nn.Module
-    cache: PreallocatedCache          # the target's full KV cache
+    cache: BatchCache                 # the batch's full KV cache (a drafter run one sequence at a time: its only row)
     ids: torch.Tensor                 # (capacity,) prompt + generated tokens; ids[:length+1] are valid
     length: int                       # positions in the full cache; ids[length] is the newest token
     prompt_len: int
@@ -51,14 +49,6 @@ class DecodeState:
     def history(self) -> torch.Tensor:
         """(length + 1,) every token so far, the newest included."""
         return self.ids[:self.length + 1]
-
-
-@dataclass
-class Draft:
-    tokens: list[torch.Tensor] = field(default_factory=list)    # 0-dim token tensors, on device
-    probs: list[torch.Tensor] | None = None                     # (V,) draft distributions, sampling only
-    entropies: list[torch.Tensor] = field(default_factory=list) # 0-dim, nats
-    steps: int = 0                                              # draft forwards run
 
 
 @dataclass
@@ -99,34 +89,26 @@ class Drafter:
     def after_prefill(self, state: DecodeState) -> None:
         pass
 
-    def draft(self, state: DecodeState, controller, timers) -> Draft:
-        """Propose tokens until the controller says stop (it was started with a limit >= 1).
-        `timers.select` and `timers.draft` are stopwatches for set-up and draft steps."""
-        return Draft()
-
     def verify_observer(self):
         """An observer of the verification's attention, `observe(layer_idx, probs)` with probs
         (1, Hkv, G, q, L + q), or None. It computes statistics and never changes the output."""
         return None
 
-    def verify_hook(self):
-        """The attention hook for the verification forward (the same explicit attention for every
-        speculative method, so none pays a slower verification than another)."""
-        return ExplicitAttentionHook(self.verify_observer())
-
     def batch_proposer(self, windows: list):
         """The proposer of a batch of this method's sequences (this drafter is the batch's first),
         or None when the method drafts nothing. `windows`: each layer's sliding window or None.
-        Only `batchable` drafters have one."""
+        A drafter that is not `batchable` is given batches of one only."""
         raise NotImplementedError(f"method {self.name!r} does not propose for a batch")
 
-    def after_verify(self, state: DecodeState, hook, accepted: int, submitted: int) -> None:
+    def after_verify(self, state: DecodeState, accepted: int, submitted: int) -> None:
         """Called once the full cache has been rolled back to `state.length`."""
         pass
 
 
 class ModelDrafter(Drafter):
-    """Drafts one token per forward of some model; subclasses implement `prepare` and `step`."""
+    """Drafts one token per forward of some model. A batchable subclass returns a `BatchModelProposer`
+    of its own; the others draft one sequence at a time: they implement `prepare`, `step` and `finish`
+    for one sequence, and `OneSequenceProposer` runs them as a batch of one."""
 
     default_controller = "fixed"
 
@@ -147,25 +129,8 @@ class ModelDrafter(Drafter):
     def finish(self, state: DecodeState) -> None:
         """After the last draft step (e.g. roll back what drafting wrote into the full cache)."""
 
-    def draft(self, state: DecodeState, controller, timers) -> Draft:
-        out = Draft(probs=None if state.sampler.greedy else [])
-        with timers.select:
-            self.prepare(state)
-        token, position = state.last, state.length
-        with timers.draft:
-            while True:
-                logits = self.step(state, token, position)
-                out.steps += 1
-                tok, probs = state.sampler.pick(logits)
-                out.tokens.append(tok)
-                out.entropies.append(entropy(logits))
-                if probs is not None:
-                    out.probs.append(probs)
-                if not controller.keep_drafting(out.entropies):
-                    break
-                token, position = tok.view(1, 1), position + 1
-            self.finish(state)
-        return out
+    def batch_proposer(self, windows: list):
+        return OneSequenceProposer(self)
 
 
 def pick_rows(sampler: Sampler, logits: torch.Tensor):
@@ -212,3 +177,21 @@ class BatchModelProposer:
                 position = position + 1
             self.finish(target)
         return out
+
+
+class OneSequenceProposer(BatchModelProposer):
+    """The proposer of a drafter that drafts one sequence at a time (not `batchable`): the loop gives
+    it batches of one, and each step is the drafter's own `step`."""
+
+    def __init__(self, drafter: ModelDrafter):
+        self.drafter, self.state = drafter, None
+
+    def prepare(self, target: BatchCache, seqs: list) -> None:
+        (self.state,) = (s.state for s in seqs)                                     # a batch of one
+        self.drafter.prepare(self.state)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.drafter.step(self.state, tokens.view(1, 1), int(positions[0])).view(1, -1)   # (1, V)
+
+    def finish(self, target: BatchCache) -> None:
+        self.drafter.finish(self.state)

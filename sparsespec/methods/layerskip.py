@@ -20,7 +20,7 @@ from ..batch_cache import BatchCache, BatchVerifyHook
 from ..cache import num_decoder_layers
 from ..errors import ConfigError
 from ..options import OptionSet, at_least, one_of, option
-from .base import BatchModelProposer, DecodeState, ModelDrafter
+from .base import BatchModelProposer, ModelDrafter
 
 
 @contextmanager
@@ -53,15 +53,6 @@ class LayerSkipDrafter(ModelDrafter):
         self.exit_layer = n // 2 if self.opts.exit_layer is None else self.opts.exit_layer
         if not 1 <= self.exit_layer < n:
             raise ConfigError(f"exit_layer={self.exit_layer!r} must be an integer in [1, {n - 1}] for this {n}-layer model")
-
-    def step(self, state: DecodeState, token, position) -> torch.Tensor:
-        with early_exit(self.drafting_model, self.exit_layer):
-            out = self.drafting_model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
-                             past_key_values=state.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1]
-
-    def finish(self, state: DecodeState) -> None:
-        state.cache.truncate(state.length)
 
     def batch_proposer(self, windows: list) -> "EarlyExitProposer":
         return EarlyExitProposer(self.drafting_model, self.exit_layer, windows)

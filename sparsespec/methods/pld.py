@@ -11,7 +11,7 @@ import torch
 
 from ..options import OptionSet, at_least, option
 from ..batch_cache import BatchCache
-from .base import BatchDraft, DecodeState, Draft, Drafter
+from .base import BatchDraft, Drafter
 
 
 def lookup_continuation(history: torch.Tensor, max_ngram: int, limit: int) -> torch.Tensor:
@@ -41,18 +41,6 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, model, **kw):
         super().__init__(model, **kw)
         self.max_ngram = self.opts.max_ngram
-
-    def draft(self, state: DecodeState, controller, timers) -> Draft:
-        out = Draft(probs=None)             # one-hot drafts: accept_sampling builds q itself
-        with timers.draft:
-            proposal = lookup_continuation(state.history(), self.max_ngram, self.max_k)
-            zero = proposal.new_zeros((), dtype=torch.float32)
-            for token in proposal:
-                out.tokens.append(token)
-                out.entropies.append(zero)
-                if not controller.keep_drafting(out.entropies):
-                    break
-        return out
 
     def batch_proposer(self, windows: list) -> "LookupProposer":
         return LookupProposer(self.max_ngram, self.max_k)
