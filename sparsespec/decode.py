@@ -141,8 +141,9 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
         max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
         if len(prompts) > 1:
             batch.check_batchable(method, options)            # before any prefill runs
-        starts = [prefill_alone(model, p, method, max_new_tokens, dict(options), in_place=len(prompts) == 1)
-                  for p in prompts]
+        built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
+        starts = [prefill_alone(model, p, drafter, controller, resolved, max_new_tokens, method=method,
+                                in_place=len(prompts) == 1) for p, (drafter, controller, resolved) in zip(prompts, built)]
     else:
         starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
         if len(starts) > 1:
@@ -165,18 +166,11 @@ def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_token
     return starts
 
 
-def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict, *,
-                  in_place: bool) -> Prefilled:
-    """The prefill of a method decoding `prompt` without sharing it. `in_place`: with room for the
-    decoding too, so that a batch of one decodes in it without a copy."""
-    drafter, controller, options = build_method(model, prompt.numel(), method, max_new_tokens, options)
-    return prefill_with(model, prompt, drafter, controller, max_new_tokens, method=method, options=options,
-                        in_place=in_place)
-
-
-def prefill_with(model, prompt: torch.Tensor, drafter, controller, max_new_tokens: int, *, method: str,
-                 options: dict, in_place: bool) -> Prefilled:
-    """The prefill of `prompt` for one built drafter and controller, its drafter observing."""
+def prefill_alone(model, prompt: torch.Tensor, drafter, controller, options: dict, max_new_tokens: int, *,
+                  method: str, in_place: bool) -> Prefilled:
+    """The prefill of `prompt` for one built drafter and controller (not shared), its drafter
+    observing. `in_place`: with room for the decoding too, so that a batch of one decodes in it
+    without a copy."""
     room = max_new_tokens + controller.max_k + 2 if in_place else 0     # output + one round of drafts
     with sparsespec_attention(model):
         shared = run_prefill(model, prompt, drafter.prefill_observers(), capacity=prompt.numel() + room,
@@ -188,6 +182,5 @@ def prefill_with(model, prompt: torch.Tensor, drafter, controller, max_new_token
 def decode(model, prompt: torch.Tensor, drafter, controller, sampler: Sampler, max_new_tokens: int,
            stop_ids: set[int]) -> Generation:
     """Prefill and decode one prompt with a drafter and controller built by hand (tests, new drafters)."""
-    start = prefill_with(model, prompt, drafter, controller, max_new_tokens, method=drafter.name, options={},
-                         in_place=True)
+    start = prefill_alone(model, prompt, drafter, controller, {}, max_new_tokens, method=drafter.name, in_place=True)
     return batch.decode(model, [start], sampler, stop_ids)[0]
