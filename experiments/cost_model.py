@@ -5,7 +5,7 @@
 
 No weights, no hub, no prefill: the model is built from a config (random init), and the full KV
 cache is filled with random K/V of the right shape at the given context. Every cost is then timed
-on the engine's own code path (`sparsespec.decode.decode_round`, the same round the benchmark runs,
+on the engine's own code path (`sparsespec.batch.batch_round`, the same round the benchmark runs,
 with the engine's `Stopwatch`, which synchronises the GPU):
 
 - C_AR: one AR round = one decode step (1 token) over the full cache, greedy pick included;
@@ -35,13 +35,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec import stats  # noqa: E402
-from sparsespec.cache import PreallocatedCache, num_decoder_layers  # noqa: E402
+from sparsespec.attention import sparsespec_attention  # noqa: E402
+from sparsespec.batch import Sequence, batch_round  # noqa: E402
+from sparsespec.batch_cache import BatchCache  # noqa: E402
+from sparsespec.cache import num_decoder_layers  # noqa: E402
 from sparsespec.controllers import make_controller  # noqa: E402
-from sparsespec.decode import RoundTimers, decode_round, sparsespec_attention  # noqa: E402
 from sparsespec.method_options import resolve  # noqa: E402
 from sparsespec.methods import METHODS  # noqa: E402
-from sparsespec.methods.base import DecodeState  # noqa: E402
 from sparsespec.sampling import Sampler  # noqa: E402
+from sparsespec.selection import sliding_window_of  # noqa: E402
 from sparsespec.tables import markdown_table  # noqa: E402
 from sparsespec.timing import synchronize  # noqa: E402
 
@@ -75,42 +77,42 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype):
     return model.eval()
 
 
-def filled_state(model, ctx: int, max_k: int, device: torch.device, dtype: torch.dtype, seed: int) -> DecodeState:
-    """A DecodeState whose full cache holds `ctx` positions of random K/V (no prefill)."""
+def filled_sequence(model, ctx: int, max_k: int, device: torch.device, dtype: torch.dtype, seed: int):
+    """(a batch cache of one row holding `ctx` positions of random K/V (no prefill), its `Sequence`)."""
     config = model.config
     hkv, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
-    capacity = ctx + MAX_NEW_TOKENS + max_k + 2          # as decode.prefill_for() sizes it
-    cache = PreallocatedCache(num_decoder_layers(model), capacity)
+    capacity = ctx + MAX_NEW_TOKENS + max_k + 2          # as the loop sizes it
+    cache = BatchCache(num_decoder_layers(model), capacity, [ctx], device)
     gen = torch.Generator(device=device).manual_seed(seed)
     for layer in cache.layers:
-        keys = torch.randn(1, hkv, ctx, head_dim, device=device, dtype=dtype, generator=gen)
-        values = torch.randn(1, hkv, ctx, head_dim, device=device, dtype=dtype, generator=gen)
-        layer.update(keys, values)                        # the cache's own write path; length = ctx
-        del keys, values
-    ids = torch.randint(config.vocab_size, (capacity,), device=device, generator=gen)
-    return DecodeState(model=model, cache=cache, ids=ids, length=ctx, prompt_len=ctx, sampler=Sampler(),
-                       max_new_tokens=MAX_NEW_TOKENS)
+        layer.keys = torch.randn(1, hkv, capacity, head_dim, device=device, dtype=dtype, generator=gen)
+        layer.values = torch.randn(1, hkv, capacity, head_dim, device=device, dtype=dtype, generator=gen)
+        layer.is_initialized = True
+    ids = torch.randint(config.vocab_size, (ctx,), device=device, generator=gen)
+    return cache, Sequence(0, ids, None, Sampler(), capacity, MAX_NEW_TOKENS, model, cache)
 
 
-def time_rounds(state: DecodeState, drafter, controller, reps: int, warmup: int = 2) -> list:
-    """`reps` timed rounds (after `warmup`), each from the same cache length."""
-    timers = RoundTimers(state.device)
-    ctx, rounds = state.length, []
+def time_rounds(model, cache, seq, drafter, controller, reps: int, warmup: int = 2) -> list:
+    """`reps` timed rounds of the loop (after `warmup`), each from the same cache length."""
+    windows = [sliding_window_of(model, i) for i in range(num_decoder_layers(model))]
+    seq.drafter, proposer = drafter, drafter.batch_proposer(windows)
+    ctx, rounds = seq.state.length, []
     for i in range(warmup + reps):
-        r = decode_round(state, drafter, controller, timers, wanted=1 << 20)
-        state.length = ctx                                # roll back: every round at the same context
-        state.cache.truncate(ctx)
+        batch_round(model, cache, [seq], proposer, controller, seq.state.sampler, windows)
+        seq.state.length = ctx                            # roll back: every round at the same context
+        cache.set_lengths([ctx])
+        seq.tokens.clear()
         if i >= warmup:
-            rounds.append(r)
+            rounds.append(seq.rounds[-1])
     return rounds
 
 
 def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, device, dtype, seed: int) -> dict:
-    state = filled_state(model, ctx, max(ks), device, dtype, seed)
+    cache, seq = filled_sequence(model, ctx, max(ks), device, dtype, seed)
     config = model.config
     ar = METHODS["ar"](model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=1,
                        options=resolve("ar", {}).drafter_options)
-    ar_rounds = time_rounds(state, ar, make_controller("fixed"), reps=2 * reps)
+    ar_rounds = time_rounds(model, cache, seq, ar, make_controller("fixed"), reps=2 * reps)
     ar_totals = stats.round_totals(ar_rounds)                # an AR round is one decode step
     c_ar = stats.c_ar(ar_totals.verify_s, ar_totals.emitted)
     rows, draft_m = [], None
@@ -120,9 +122,9 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
                               options=resolve("sparsespec", {"budget": budget}).drafter_options)
         # stand-in for the prefill observation window: random scores pick the first round's top-K;
         # from the first verification on, the recorded attention replaces them (the real path)
-        drafter.policy.importance = [torch.rand(config.num_key_value_heads, state.ids.shape[0], device=device)
+        drafter.policy.importance = [torch.rand(config.num_key_value_heads, seq.state.ids.shape[0], device=device)
                           for _ in range(num_decoder_layers(model))]
-        rounds = time_rounds(state, drafter, make_controller("fixed", k=k), reps=reps)
+        rounds = time_rounds(model, cache, seq, drafter, make_controller("fixed", k=k), reps=reps)
         assert all(r.drafted == k and r.draft_steps == k for r in rounds), "a round drafted fewer than k tokens"
         totals = stats.round_totals(rounds)
         c_d = stats.c_draft(totals)
@@ -137,7 +139,7 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
         rows.append(row)
         draft_m = drafter.budget.total
         del drafter
-    del state
+    del cache, seq
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"ctx": ctx, "draft_budget_tokens": draft_m, "c_ar_s": c_ar, "reps": reps, "rows": rows}

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec.attention import (ExplicitAttentionHook, apply_probs, attention_received,  # noqa: E402
-                                  grouped_attention_probs, visible_keys)
-from sparsespec.decode import sparsespec_attention, verify_logits  # noqa: E402
+                                  grouped_attention_probs, sparsespec_attention, visible_keys)
+from sparsespec.logits import target_logits  # noqa: E402
 from sparsespec.harness.environment import cpu_name  # noqa: E402
 from sparsespec.models import load_model  # noqa: E402
 from sparsespec.shared_prefill import run_prefill  # noqa: E402
@@ -132,12 +132,12 @@ def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> tup
     prompt = torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(0))
     with sparsespec_attention(model), torch.inference_mode():
         shared = run_prefill(model, prompt, [], capacity=ctx + max(rows) + 1, exclusive=True)
-        cache = shared.cache_for(ctx + max(rows) + 1)
+        cache = shared.cache                                  # its own: room for the rows
 
         def forward(q, hook):
             ids = torch.randint(0, vocab, (1, q))
             positions = torch.arange(ctx, ctx + q).view(1, -1)
-            verify_logits(model, input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+            target_logits(model, input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
                           attn_hook=hook)
             cache.truncate(ctx)
 

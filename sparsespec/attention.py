@@ -1,17 +1,16 @@
 """One registered attention function, `"sparsespec"`, whose behaviour is chosen per forward call.
 
 `model(..., attn_hook=hook)` reaches every attention layer through transformers' kwargs. With no
-hook, the layer runs transformers' own SDPA attention (prefill, plain decoding, drafting over a
-gathered draft cache). A hook replaces it for one forward:
+hook, the layer runs transformers' own SDPA attention (prefill, drafting). A hook replaces it for one forward:
 
 - `ObservedPrefillHook` (prefill): SDPA output computed once, then every observer it was given
   sees `(layer_idx, query, key, visible_or_None, scaling)` and keeps its own statistics (e.g. the
   SnapKV observation window). Observers of several methods can share one prefill this way.
-- `ExplicitAttentionHook` (verification, every speculative method): attention computed explicitly
+- `ExplicitAttentionHook` (verification of one sequence; the decode loop's batched form is
+  `batch_cache.BatchVerifyHook`): attention computed explicitly
   in packed-GQA form, out = P @ V. No `repeat_kv`, and no slow masked-SDPA fallback on CPU. An
   optional observer receives P (B, Hkv, G, q, N) per layer (SparseSpec-L recycles it; no second
   attention pass); without one, nothing extra is computed.
-- `attend_all` (drafting over a gathered draft cache): SDPA with no mask.
 - `StaticDraftHook` (drafting over a fixed-shape draft cache): packed-GQA SDPA with a slot mask.
 - `QueryAwareDraftHook` (drafting over the full cache): a `select` callback picks, from this very
   draft query, the cached positions each KV head attends to (oracle, Quest).
@@ -24,6 +23,8 @@ output (B, q, H, D). Query head h reads KV head h // G, G = H / Hkv.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -34,28 +35,30 @@ from .selection import gather_positions, window_start
 ATTN_IMPLEMENTATION = "sparsespec"
 
 
-def sparsespec_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                         attn_hook=None, **kwargs):
+def sparsespec_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                                 attn_hook=None, **kwargs):
     if attn_hook is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     return attn_hook(module, query, key, value, attention_mask, scaling, **kwargs)
 
 
-def attend_all(module, query, key, value, attention_mask, scaling, **kwargs):
-    """Drafting over a gathered draft cache: the single query sees every cached position, so the
-    mask (built for the draft cache's own, non-absolute positions) is ignored. A sliding-window
-    layer keeps only its last `window` entries: the gathered positions lie inside the window, and
-    a dense gather is in position order, so the draft then sees exactly what the target sees."""
-    window = kwargs.get("sliding_window")
-    if window is not None and key.shape[2] > window:
-        key, value = key[:, :, -window:], value[:, :, -window:]
-    return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, **kwargs)
+@contextmanager
+def sparsespec_attention(model):
+    """Run the model with the registered "sparsespec" attention; restore its own afterwards."""
+    original = model.config._attn_implementation
+    if original != ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    try:
+        yield
+    finally:
+        if original != ATTN_IMPLEMENTATION:
+            model.set_attn_implementation(original)
 
 
 def register() -> None:
     """Idempotent. The mask must be registered too, or transformers silently passes masks of None."""
-    AttentionInterface.register(ATTN_IMPLEMENTATION, sparsespec_attention)
+    AttentionInterface.register(ATTN_IMPLEMENTATION, sparsespec_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 

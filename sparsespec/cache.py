@@ -1,8 +1,9 @@
 """A preallocated KV cache on transformers' cache interface: in-place writes, O(1) rollback.
 
 transformers' `DynamicLayer.update` concatenates the whole buffer on every call (O(N) per layer per
-step), and its `crop` slices. Speculative decoding writes k+1 positions and rolls back every round,
-so both the method and its autoregressive baseline use this layer instead.
+step), and its `crop` slices. The prefill writes the prompt here (a batch of one then decodes in these
+very buffers, sparsespec/batch_cache.py), and the assisted draft model, which rolls back every round,
+keeps its own cache here.
 
 Shapes: keys/values buffers are (B, Hkv, capacity, D); `update` returns views (B, Hkv, length, D).
 
@@ -45,17 +46,6 @@ class PreallocatedLayer(CacheLayerMixin):
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Replace the content with `keys`/`values` (B, Hkv, M, D): used to fill a draft cache."""
-        if not self.is_initialized:
-            self.lazy_initialization(keys, values)
-        m = keys.shape[-2]
-        if m > self.capacity:
-            raise RuntimeError(f"draft cache overflow: {m} positions > capacity {self.capacity}")
-        self.keys[:, :, :m].copy_(keys)
-        self.values[:, :, :m].copy_(values)
-        self.length = m
-
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 
@@ -88,19 +78,6 @@ class PreallocatedCache(Cache):
     def truncate(self, length: int) -> None:
         for layer in self.layers:
             layer.truncate(length)
-
-    def truncate_layers(self, length: int, layers: range) -> None:
-        for i in layers:
-            self.layers[i].truncate(length)
-
-    def copy_prefix(self, length: int, capacity: int) -> "PreallocatedCache":
-        """A new cache with room for `capacity` positions holding a copy of this one's first
-        `length` (writes to either leave the other unchanged)."""
-        copy = PreallocatedCache(len(self.layers), capacity)
-        for source, target in zip(self.layers, copy.layers):
-            if source.is_initialized:
-                target.load(source.keys[:, :, :length], source.values[:, :, :length])
-        return copy
 
 
 def num_decoder_layers(model) -> int:

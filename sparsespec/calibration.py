@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from . import threads
+from .batch import is_batch
 from .controllers import CycleK
 from .controllers.acceptance import EntropyBins, judged
 from .decode import generate
@@ -195,13 +196,14 @@ def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEF
     options among them are ignored (the cycle replaces them). `prefilled`: the profile's start (one
     `Prefilled`, or one per prompt of a batch) from a prefill shared with the run's methods, made with
     `profile_decoder`'s method, options and length; then no prefill of its own is run."""
+    prompts = input_ids if is_batch(input_ids, None) else [input_ids]     # one prompt: a batch of one
     if prefilled is None:
         method, profile_options, new_tokens = profile_decoder(method, options, ks, repeats)
-        gen = generate(model, input_ids, method=method, max_new_tokens=new_tokens, stop_at_eos=False,
-                       **profile_options)
+        gens = generate(model, prompts, method=method, max_new_tokens=new_tokens, stop_at_eos=False,
+                        **profile_options)
     else:
-        gen = generate(model, input_ids, prefilled=prefilled, stop_at_eos=False)
-    return profile_of(full_batch_rounds(gen) if isinstance(gen, list) else gen.rounds)
+        gens = generate(model, prompts, prefilled=prefilled, stop_at_eos=False)
+    return profile_of(full_batch_rounds(gens))
 
 
 def full_batch_rounds(gens) -> list:

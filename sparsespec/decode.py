@@ -1,4 +1,4 @@
-"""`generate`: the one decode loop every method runs through.
+"""`generate` and `prefill`: the library's front door to the one decode loop (sparsespec/batch.py).
 
     prefill(prompt)                      -> full KV cache, first token (one forward, shared by every
                                             method decoding this prompt: `prefill()`, sparsespec/shared_prefill.py)
@@ -9,40 +9,25 @@
         accept a drafts (+1 token from the target), roll the cache back to the accepted length
         drafter and controller learn from the verification
 
-Autoregressive decoding is this loop with k = 0: every round is one forward of one token.
+Autoregressive decoding is this loop with k = 0: every round is one forward of one token. One prompt
+is a batch of one: here the inputs are checked, each prompt prefilled (or its shared prefill taken),
+and the loop decodes them.
 """
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 
-from . import attention, batch
+from . import batch
+from .attention import sparsespec_attention
 from .call_checks import check_seed, warn_past_positions
-from .eos import eos_token_ids, through_eos
+from .eos import eos_token_ids
 from .errors import ConfigError
-from .generation import Generation, Round
-from .logits import target_logits
-from .method_options import resolve
-from .methods import METHODS
-from .methods.base import DecodeState
-from .sampling import Sampler, accept_greedy, accept_sampling
+from .generation import Generation
+from .method_options import build_method
+from .sampling import Sampler
 from .shared_prefill import PrefillMemo, Prefilled, run_prefill
-from .timing import RoundTimers, Stopwatch
-
-
-@contextmanager
-def sparsespec_attention(model):
-    """Run the model with the registered "sparsespec" attention; restore its own afterwards."""
-    original = model.config._attn_implementation
-    if original != attention.ATTN_IMPLEMENTATION:
-        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
-    try:
-        yield
-    finally:
-        if original != attention.ATTN_IMPLEMENTATION:
-            model.set_attn_implementation(original)
 
 
 def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
@@ -64,17 +49,6 @@ def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
         raise ConfigError(f"input_ids holds token id {int(outside[0])}, outside the model's vocabulary of "
                           f"{vocab_size} (accepted: 0 to {vocab_size - 1})")
     return ids.to(device)
-
-
-def build_method(model, prompt_len: int, method: str, max_new_tokens: int, options: dict):
-    """(drafter, controller, resolved options) of `method` for a prompt of `prompt_len` tokens."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
-        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    resolved = resolve(method, options)           # every option checked before any work
-    controller = resolved.make_controller()
-    drafter = METHODS[method](model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                              max_k=controller.max_k, options=resolved.drafter_options)
-    return drafter, controller, resolved.as_dict()
 
 
 def prompt_of(model, input_ids) -> torch.Tensor:
@@ -135,168 +109,81 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     controller starts from.
 
     A batch (a list of 1-D prompts, (B, L) ids with B > 1, or padded ids with `attention_mask`)
-    is decoded together by sparsespec/batch.py and returns a `BatchGenerations`: a list of one
-    `Generation` per prompt, in order."""
+    is decoded together and returns a `BatchGenerations`: a list of one `Generation` per prompt, in
+    order, with `prefilled` one `Prefilled` per prompt. One prompt is a batch of one of the same loop."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
             or not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"temperature={temperature!r} must be a finite number >= 0 (0 means greedy)")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be a number in (0, 1]")
     check_seed(seed)
-    device = next(model.parameters()).device
-    if batch.is_batch(input_ids, attention_mask):
-        return generate_batch(model, input_ids, attention_mask, method=method, max_new_tokens=max_new_tokens,
-                              temperature=temperature, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
-                              eos_token_id=eos_token_id, prefilled=prefilled, cost_prior=cost_prior,
-                              options=method_options)
-    prompt = prompt_of(model, input_ids)
-    if prefilled is None:
-        prefilled = prefill_alone(model, prompt, method or "sparsespec",
-                                  128 if max_new_tokens is None else max_new_tokens, method_options)
-    else:
-        check_prefilled(prefilled, prompt, method, max_new_tokens, method_options)
-    warn_past_positions(model, prompt.numel(), prefilled.max_new_tokens)
-    if cost_prior is not None:
-        prefilled.controller.use_cost_prior(cost_prior)
-
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
-    stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
-
-    with sparsespec_attention(model):
-        gen = decode_from(prefilled, sampler, stop_ids)
-    gen.method = prefilled.method
-    gen.options = {**prefilled.options, **prefilled.drafter.resolved_options}
-    return gen
-
-
-def generate_batch(model, input_ids, attention_mask, *, method, max_new_tokens, temperature, top_p, seed,
-                   stop_at_eos, eos_token_id, prefilled, cost_prior, options) -> "batch.BatchGenerations":
-    """`generate` for a batch of prompts (sparsespec/batch.py). `prefilled`: one `Prefilled` per
-    prompt, in order (each from `prefill()` of that prompt), of one method; the batch then decodes
-    from those shared prefills instead of prefilling its prompts."""
-    prompts = batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids))
-    if prefilled is not None:
-        prefilled = list(prefilled) if isinstance(prefilled, (list, tuple)) else [prefilled]
-        if len(prefilled) != len(prompts):
-            raise ConfigError(f"generate(prefilled=...) of a batch takes one prefill per prompt: "
-                              f"got {len(prefilled)} for {len(prompts)} prompts")
-        for p, prompt in zip(prefilled, prompts):
-            check_prefilled(p, prompt, method, max_new_tokens, options)
-            if (p.method, p.options, p.max_new_tokens) != (prefilled[0].method, prefilled[0].options,
-                                                          prefilled[0].max_new_tokens):
-                raise ConfigError(f"a batch decodes one method: prefills of {p.method!r} and "
-                                  f"{prefilled[0].method!r} (or of different options) were given together")
-        method, max_new_tokens = prefilled[0].method, prefilled[0].max_new_tokens
-    method = method or "sparsespec"
-    max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
-    warn_past_positions(model, max(p.numel() for p in prompts), max_new_tokens)
+    batched = batch.is_batch(input_ids, attention_mask)
+    prompts = (batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids)) if batched
+               else [prompt_of(model, input_ids)])
     device = prompts[0].device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
-    return batch.generate_batch(model, prompts, method=method, max_new_tokens=max_new_tokens, sampler=sampler,
-                                stop_ids=stop_ids, cost_prior=cost_prior, options=options,
-                                build_method=build_method, prefilled=prefilled)
+    gens = decode_prompts(model, prompts, method=method, max_new_tokens=max_new_tokens, options=method_options,
+                          sampler=sampler, stop_ids=stop_ids, cost_prior=cost_prior, prefilled=prefilled)
+    if not batched:
+        return gens[0]
+    for gen in gens:
+        gen.options["batch_size"] = len(gens)
+    return gens
 
 
-def prefill_alone(model, prompt: torch.Tensor, method: str, max_new_tokens: int, options: dict) -> Prefilled:
-    """The prefill of a method decoding alone: written straight into the cache it decodes in."""
-    drafter, controller, options = build_method(model, prompt.numel(), method, max_new_tokens, options)
-    return prefill_for(model, prompt, drafter, controller, max_new_tokens, method=method, options=options)
+def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, max_new_tokens: int | None,
+                   options: dict, sampler: Sampler, stop_ids: set, cost_prior=None,
+                   prefilled=None) -> "batch.BatchGenerations":
+    """`prompts` (checked 1-D prompts) decoded together by the loop (sparsespec/batch.py), each from
+    its prefill: `prefilled` (one `Prefilled` per prompt, of one method), or its own."""
+    if prefilled is None:
+        method = method or "sparsespec"
+        max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
+        if len(prompts) > 1:
+            batch.check_batchable(method, options)            # before any prefill runs
+        built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
+        starts = [prefill_alone(model, p, drafter, controller, resolved, max_new_tokens, method=method,
+                                in_place=len(prompts) == 1) for p, (drafter, controller, resolved) in zip(prompts, built)]
+    else:
+        starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
+        if len(starts) > 1:
+            batch.check_batchable(starts[0].method, starts[0].options)
+    warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
+    return batch.decode(model, starts, sampler, stop_ids, cost_prior)
 
 
-def prefill_for(model, prompt: torch.Tensor, drafter, controller, max_new_tokens: int, *, method: str = "",
-                options: dict | None = None) -> Prefilled:
-    """Prefill for one built drafter and controller, in the cache they decode in."""
-    capacity = prompt.numel() + max_new_tokens + controller.max_k + 2
+def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_tokens, options: dict) -> list[Prefilled]:
+    """`prefilled` (one `Prefilled`, or one per prompt) as a list, each checked against its prompt;
+    a batch decodes one method, options and max_new_tokens."""
+    starts = list(prefilled) if isinstance(prefilled, (list, tuple)) else [prefilled]
+    if len(starts) != len(prompts):
+        raise ConfigError(f"generate(prefilled=...) of a batch takes one prefill per prompt: "
+                          f"got {len(starts)} for {len(prompts)} prompts")
+    for p, prompt in zip(starts, prompts):
+        check_prefilled(p, prompt, method, max_new_tokens, options)
+        if (p.method, p.options, p.max_new_tokens) != (starts[0].method, starts[0].options, starts[0].max_new_tokens):
+            raise ConfigError(f"a batch decodes one method: prefills of {p.method!r} and "
+                              f"{starts[0].method!r} (or of different options) were given together")
+    return starts
+
+
+def prefill_alone(model, prompt: torch.Tensor, drafter, controller, options: dict, max_new_tokens: int, *,
+                  method: str, in_place: bool) -> Prefilled:
+    """The prefill of `prompt` for one built drafter and controller (not shared), its drafter
+    observing. `in_place`: with room for the decoding too, so that a batch of one decodes in it
+    without a copy."""
+    room = max_new_tokens + controller.max_k + 2 if in_place else 0     # output + one round of drafts
     with sparsespec_attention(model):
-        shared = run_prefill(model, prompt, drafter.prefill_observers(), capacity=capacity, exclusive=True)
-    return Prefilled(shared=shared, method=method or drafter.name, options=options or {}, drafter=drafter,
-                     controller=controller, max_new_tokens=max_new_tokens)
+        shared = run_prefill(model, prompt, drafter.prefill_observers(), capacity=prompt.numel() + room,
+                             exclusive=True)
+    return Prefilled(shared=shared, method=method, options=options, drafter=drafter, controller=controller,
+                     max_new_tokens=max_new_tokens)
 
 
 def decode(model, prompt: torch.Tensor, drafter, controller, sampler: Sampler, max_new_tokens: int,
            stop_ids: set[int]) -> Generation:
-    """Prefill and decode with a drafter and controller built by hand (tests, new drafters)."""
-    return decode_from(prefill_for(model, prompt, drafter, controller, max_new_tokens), sampler, stop_ids)
-
-
-def decode_from(prefilled: Prefilled, sampler: Sampler, stop_ids: set[int]) -> Generation:
-    """Decode from a prefill: pick the first token from its logits, let the drafter take in what it
-    observed, then run rounds until max_new_tokens or EOS."""
-    prefilled.used = True
-    shared, drafter, controller = prefilled.shared, prefilled.drafter, prefilled.controller
-    prompt, n, max_new_tokens = shared.prompt, shared.prompt.numel(), prefilled.max_new_tokens
-    capacity = prefilled.capacity
-    state = DecodeState(model=drafter.model, cache=shared.cache_for(capacity),
-                        ids=torch.zeros(capacity, dtype=torch.long, device=prompt.device), length=n,
-                        prompt_len=n, sampler=sampler, max_new_tokens=max_new_tokens)
-    state.ids[:n] = prompt                 # the cache holds the prompt; ids[n] is the first new token
-
-    own_prefill = Stopwatch(prompt.device)  # this method's share of the prefill: its first token, its set-up
-    with own_prefill:
-        token, _ = sampler.pick(shared.logits)
-        state.ids[n] = token
-        drafter.after_prefill(state)
-    tokens: list[int] = [int(token)]
-    rounds: list[Round] = []
-
-    timers = RoundTimers(prompt.device)
-    decode_watch = Stopwatch(prompt.device)
-    with decode_watch:
-        while len(tokens) < max_new_tokens and not (stop_ids and tokens[-1] in stop_ids):
-            rounds.append(decode_round(state, drafter, controller, timers, max_new_tokens - len(tokens)))
-            emitted = state.ids[state.length - rounds[-1].emitted + 1:state.length + 1].tolist()
-            tokens.extend(cut_at_eos(emitted, stop_ids, rounds[-1]))
-    return Generation(tokens=tokens, prefill_s=shared.seconds + own_prefill.seconds, decode_s=decode_watch.seconds,
-                      rounds=rounds, prompt_tokens=n)
-
-
-def decode_round(state: DecodeState, drafter, controller, timers: RoundTimers, wanted: int) -> Round:
-    """One draft-verify-accept round; it emits at most `wanted` tokens."""
-    limit = controller.start_round(limit=wanted - 1)   # the target always adds one token after the drafts
-    drafted = drafter.draft(state, controller, timers) if limit > 0 else None   # 0: one plain AR step
-    k = controller.submit_count(len(drafted.tokens)) if drafted else 0
-    drafts = torch.stack(drafted.tokens[:k]) if k else state.ids[:0]
-    select_s, draft_s = timers.select.lap(), timers.draft.lap()
-
-    with timers.verify:
-        hook = drafter.verify_hook()
-        inputs = torch.cat([state.last.view(1), drafts]).view(1, -1)            # (1, k+1)
-        positions = torch.arange(state.length, state.length + k + 1, device=state.device).view(1, -1)
-        logits = verify_logits(state.model, input_ids=inputs, position_ids=positions,
-                               past_key_values=state.cache, use_cache=True, attn_hook=hook)  # (k+1, V)
-        if state.sampler.greedy:
-            accepted, next_token = accept_greedy(drafts, logits)
-        else:
-            probs = torch.stack(drafted.probs[:k]) if k and drafted.probs is not None else None
-            accepted, next_token = accept_sampling(drafts, probs, logits, state.sampler)
-        # keep [last, d_1..d_a] in the cache; the target's token becomes the new `last`
-        state.ids[state.length + 1:state.length + 1 + accepted] = drafts[:accepted]
-        state.length += accepted + 1
-        state.cache.truncate(state.length)
-        state.ids[state.length] = next_token
-    verify_s = timers.verify.lap()
-    drafter.after_verify(state, hook, accepted, k)
-
-    entropies = torch.stack(drafted.entropies).tolist() if drafted and drafted.entropies else []
-    trace = controller.trace()
-    steps = drafted.steps if drafted else 0
-    controller.observe(entropies[:k], accepted, k, draft_s / steps if steps else None, verify_s)
-    return Round(drafted=k, accepted=accepted, emitted=accepted + 1, entropies=entropies[:k],
-                 draft_s=draft_s, verify_s=verify_s, select_s=select_s, draft_steps=steps, **trace)
-
-
-def verify_logits(model, **inputs) -> torch.Tensor:
-    """The target's logits at every verified position of one sequence, (q, V) (sparsespec/logits.py)."""
-    return target_logits(model, **inputs)[0]
-
-
-def cut_at_eos(emitted: list[int], stop_ids: set[int], round_: Round) -> list[int]:
-    """Drop what follows an EOS; the round's `emitted` count follows."""
-    emitted = through_eos(emitted, stop_ids)
-    round_.emitted = len(emitted)
-    return emitted
+    """Prefill and decode one prompt with a drafter and controller built by hand (tests, new drafters)."""
+    start = prefill_alone(model, prompt, drafter, controller, {}, max_new_tokens, method=drafter.name, in_place=True)
+    return batch.decode(model, [start], sampler, stop_ids)[0]

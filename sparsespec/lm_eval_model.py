@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import lm_eval_stats
+from sparsespec.batch import batched_methods
 from sparsespec.eos import eos_token_ids
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.method_options import coerce_options, option_names, resolve
@@ -47,9 +48,9 @@ NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty
 
 @register_model("sparsespec")
 class SparseSpecLM(HFLM):
-    """HFLM whose `generate_until` decodes with a sparsespec method: one request at a time, or
-    lm-eval's left-padded batches (`batch_size=N`) through the batched engine where the method runs
-    batched (sparsespec.batch.batched_methods)."""
+    """HFLM whose `generate_until` decodes with a sparsespec method, through one path: lm-eval's
+    left-padded batches (`batch_size=N`) where the method runs batched
+    (sparsespec.batch.batched_methods), else batches of one request."""
 
     def __init__(self, pretrained, method: str = "sparsespec", **model_args):
         method, hf_args, options = parse_model_args(method, model_args)
@@ -66,7 +67,6 @@ class SparseSpecLM(HFLM):
         self.generation_batch_size = self.generation_batch_size_for(self.batch_size)
 
     def generation_batch_size_for(self, batch_size) -> int:
-        from sparsespec.batch import batched_methods
         size = int(batch_size) if str(batch_size).isdigit() else 1
         if size > 1 and self.method not in batched_methods():
             logger.warning("method %s does not run batched (batched methods: %s); generate_until decodes one "
@@ -77,62 +77,42 @@ class SparseSpecLM(HFLM):
 
     # --- generation -------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """HFLM's own request handling (truncation, stop strings, decoding), one request at a time,
-        or in HFLM's batches of `--batch_size` for a batched method."""
-        if self.generation_batch_size > 1:
-            return self.generate_batched(requests, disable_tqdm)
+        """HFLM's own request handling (truncation, stop strings, decoding), in HFLM's batches of
+        `--batch_size` for a batched method, else one request at a time. Each request's Generation
+        is found again by its context ids, encoded as HFLM encodes them."""
+        chunks = [requests] if self.generation_batch_size > 1 else [[request] for request in requests]
+        quiet = disable_tqdm or self.rank != 0
         outputs = []
-        bar = tqdm(requests, disable=disable_tqdm or self.rank != 0,
-                   desc=f"generate_until ({self.method})")
-        for request in bar:
-            text = super().generate_until([request], disable_tqdm=True)[0]
-            self.request_stats.append(lm_eval_stats.request_record(request, self._last_generation, text))
-            outputs.append(text)
+        for chunk in tqdm(chunks, disable=quiet or len(chunks) == 1, desc=f"generate_until ({self.method})"):
+            self._batch_generations = {}
+            texts = super().generate_until(chunk, disable_tqdm=quiet or len(chunk) == 1)
+            for request, text in zip(chunk, texts):
+                generation = self.generation_of(request)
+                self.request_stats.append(lm_eval_stats.request_record(request, generation, text))
+                self._last_generation = generation
+            outputs += texts
         if self.request_stats and self.rank == 0:
             print(lm_eval_stats.format_table(self.speculation_report()))
         return outputs
 
-    def generate_batched(self, requests, disable_tqdm: bool) -> list[str]:
-        """HFLM's generate_until over all requests (it batches them, left-padded); each request's
-        Generation is found again by its context ids, encoded as HFLM encodes them."""
-        self._batch_generations = {}
-        outputs = super().generate_until(requests, disable_tqdm=disable_tqdm or self.rank != 0)
-        for request, text in zip(requests, outputs):
-            context, gen_kwargs = request.args
-            max_gen = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-            ids, _ = self.tok_batch_encode([context], left_truncate_len=self.max_length - max_gen,
-                                           truncation=self.truncation)
-            same_context = self._batch_generations.get(tuple(ids[0].tolist()))
-            if not same_context:       # a statistic silently missing would bias the report
-                raise RuntimeError("a batched request's generation was not found by its context ids; "
-                                   "the speculation statistics would be incomplete")
-            generation = same_context.pop(0)          # identical contexts: one generation each, in order
-            self.request_stats.append(lm_eval_stats.request_record(request, generation, text))
-            self._last_generation = generation
-        if self.request_stats and self.rank == 0:
-            print(lm_eval_stats.format_table(self.speculation_report()))
-        return outputs
+    def generation_of(self, request):
+        """The Generation of `request`, by its context ids (identical contexts: one each, in order)."""
+        context, gen_kwargs = request.args
+        max_gen = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+        ids, _ = self.tok_batch_encode([context], left_truncate_len=self.max_length - max_gen,
+                                       truncation=self.truncation)
+        same_context = self._batch_generations.get(tuple(ids[0].tolist()))
+        if not same_context:       # a statistic silently missing would bias the report
+            raise RuntimeError("a request's generation was not found by its context ids; "
+                               "the speculation statistics would be incomplete")
+        return same_context.pop(0)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs) -> torch.Tensor:
-        """Generate for one (1, L) context, or a left-padded (B, L) batch with its attention mask;
-        stop strings are applied by HFLM to the decoded text."""
+        """(B, L) left-padded contexts and their attention mask (none: unpadded) -> (B, L + longest
+        output), each row's new tokens after its padded context, shorter outputs padded with an end
+        token; HFLM applies the stop strings to the decoded text."""
         attention_mask = generation_kwargs.pop("attention_mask", None)
-        if self.generation_batch_size > 1:
-            return self.model_generate_batch(context, attention_mask, max_length, generation_kwargs)
-        check_single_unpadded(context, attention_mask)
-        sampling = sampling_args(generation_kwargs)
-        generation = sparsespec.generate(
-            self.model, context, method=self.method,
-            max_new_tokens=max_length - context.shape[1],
-            eos_token_id=self.stop_token_ids(), **sampling, **self.method_options)
-        self._last_generation = generation
-        new_tokens = torch.tensor([generation.tokens], dtype=context.dtype, device=context.device)
-        return torch.cat([context, new_tokens], dim=1)
-
-    def model_generate_batch(self, context, attention_mask, max_length: int, generation_kwargs) -> torch.Tensor:
-        """(B, L) padded contexts -> (B, L + longest output), each row's new tokens after the
-        padded context, shorter outputs padded with an end token (HFLM cuts at stop strings)."""
         mask = torch.ones_like(context) if attention_mask is None else attention_mask
         generations = sparsespec.generate(
             self.model, context, attention_mask=mask, method=self.method,
@@ -241,8 +221,3 @@ def sampling_args(gen_kwargs: dict) -> dict:
     return {"temperature": temperature, "top_p": top_p}
 
 
-def check_single_unpadded(context: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-    if context.shape[0] != 1:
-        raise ValueError(f"sparsespec decodes one request at a time, got a batch of {context.shape[0]}")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("sparsespec expects an unpadded context")

@@ -152,3 +152,14 @@ def describe(method: str) -> str:
             default, reason = (own[name], f"{method}'s own default") if name in own else (defaults[name], reasons[name])
             lines.append(f"    {name:<17} {default!r:<10} {reason}")
     return "\n".join(lines)
+
+
+def build_method(model, prompt_len: int, method: str, max_new_tokens: int, options: dict):
+    """(drafter, controller, resolved options) of `method` for a prompt of `prompt_len` tokens."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    resolved = resolve(method, options)           # every option checked before any work
+    controller = resolved.make_controller()
+    drafter = METHODS[method](model, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                              max_k=controller.max_k, options=resolved.drafter_options)
+    return drafter, controller, resolved.as_dict()

@@ -25,7 +25,10 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
+from huggingface_hub import hf_hub_download
 from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, __version__
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from sparsespec.errors import ConfigError, UnavailableError
 
@@ -119,8 +122,6 @@ def load_model(spec: ModelSpec | Mapping, *, dtype: str | None = None, device: s
     if device.type == "cpu":
         torch.set_flush_denormal(True)  # denormals make CPU matmuls crawl; flushing them changes nothing visible
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder, hub_kwargs = _weights_location(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -136,8 +137,6 @@ def load_model(spec: ModelSpec | Mapping, *, dtype: str | None = None, device: s
 
 def load_tokenizer(spec: ModelSpec | Mapping):
     """The tokenizer alone (converts an embedded model first if it is not cached yet)."""
-    from transformers import AutoTokenizer
-
     spec = ModelSpec.coerce(spec)
     folder, hub_kwargs = _weights_location(spec)
     try:
@@ -194,8 +193,6 @@ def check_model_folder(name: str, folder: Path) -> None:
         raise UnavailableError(f"model '{name}': {config} is unreadable ({err}); "
                                f"restore the model's config.json") from None
     model_type = settings.get("model_type") if isinstance(settings, dict) else None
-    from transformers import __version__
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
         raise ConfigError(f"model '{name}': {config} has model_type={model_type!r}, which transformers {__version__} "
@@ -229,8 +226,6 @@ def _unavailable(spec: ModelSpec, folder: str, err: Exception) -> UnavailableErr
 def _greedy_generation_config(model, tokenizer):
     """Keep only the special token ids: checkpoints ship sampling defaults (Llama-3: T=0.6, top_p=0.9)
     that would otherwise leak into `generate()` baselines. The decode engine takes its own sampling args."""
-    from transformers import GenerationConfig
-
     shipped = model.generation_config
     eos = shipped.eos_token_id if shipped.eos_token_id is not None else model.config.eos_token_id
     pad = shipped.pad_token_id if shipped.pad_token_id is not None else tokenizer.pad_token_id
@@ -273,8 +268,6 @@ def _converted_gguf_file(spec: ModelSpec) -> Path:
         if not gguf.is_file():
             raise UnavailableError(f"model '{spec.name}': GGUF file {gguf} does not exist")
     else:
-        from huggingface_hub import hf_hub_download
-
         try:
             gguf = Path(hf_hub_download(spec.path, spec.gguf_file, revision=spec.revision))
         except Exception as err:  # hub client errors have no common base beyond Exception; re-raised with the how-to
@@ -317,8 +310,6 @@ def sha256_of(path: Path) -> str:
 
 def _convert_gguf(gguf: Path, out: Path, source_sha256: str, label: str) -> None:
     """Dequantize to fp32 safetensors: exact for every dtype we later load it in, and reloads in ~1 s."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     print(f"sparsespec: converting {label} from GGUF to safetensors once (25-90 s) into {out.parent.parent}",
           file=sys.stderr, flush=True)
     start = time.perf_counter()

@@ -5,8 +5,8 @@ The prompt runs through the full model once. Each method's drafter may observe t
 computed once (`attention.ObservedPrefillHook`) and each observer gets the layer's (layer_idx, query,
 key, visible mask, scaling). What the forward leaves, `SharedPrefill`:
 
-- the prompt's KV cache, which no method writes: each method decodes in its own copy of the
-  prefix (`PreallocatedCache.copy_prefix`), unless it is the only consumer (`exclusive`);
+- the prompt's KV cache, which no method writes: each method decodes in its own copy of it (the
+  loop's `BatchCache.load`), unless it is the only consumer (`exclusive`);
 - the next-token logits after the prompt, from which each method picks its first token with its
   own sampler (so sampled runs stay seeded per method);
 - the wall time of the forward, reported as every method's prefill time.
@@ -44,17 +44,6 @@ class SharedPrefill:
     exclusive: bool = False           # one consumer: it decodes in `cache` itself, no copy
     reused: bool = False              # served by a `PrefillMemo`: `seconds` is the kept forward's time
 
-    def cache_for(self, capacity: int) -> PreallocatedCache:
-        """The cache a method decodes in: a copy of the prompt's prefix with room for `capacity`
-        positions (or the cache itself for an exclusive consumer)."""
-        n = self.prompt.numel()
-        if self.exclusive:
-            if self.cache.layers[0].capacity < capacity:
-                raise RuntimeError(f"exclusive prefill cache holds {self.cache.layers[0].capacity} positions, "
-                                   f"the method needs {capacity}")
-            return self.cache
-        return self.cache.copy_prefix(n, capacity)
-
 
 @dataclass
 class Prefilled:
@@ -67,12 +56,6 @@ class Prefilled:
     controller: object
     max_new_tokens: int
     used: bool = field(default=False)
-
-    @property
-    def capacity(self) -> int:
-        """Positions the method's cache needs: prompt + output + one full round of drafts written
-        by verification before the rollback."""
-        return self.shared.prompt.numel() + self.max_new_tokens + self.controller.max_k + 2
 
 
 def run_prefill(model, prompt: torch.Tensor, observers: list, capacity: int, exclusive: bool) -> SharedPrefill:

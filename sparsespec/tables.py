@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterable, Mapping
 
+import pandas as pd
+
 MISSING = "–"
 
 
@@ -32,8 +34,6 @@ def markdown_table(rows, columns: Iterable[str] | None = None,
     """A GitHub Markdown table of `rows` (a DataFrame, or a list of dicts), one line per row.
 
     `columns` picks and orders the columns (default: all); `formats` maps a column to its format."""
-    import pandas as pd
-
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     if columns is not None:
         frame = frame.reindex(columns=list(columns))

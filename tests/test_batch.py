@@ -220,9 +220,9 @@ def joint_distribution(model, prompts, method, **options) -> dict[tuple, float]:
     """Exact distribution of the batch's outputs (tuple of each sequence's tokens), every branch of
     the batched loop's random choices enumerated (test_sampling.py's enumerating sampler)."""
     def decode_once(sampler) -> tuple:
-        out = batch.generate_batch(model, [p.clone() for p in prompts], method=method, max_new_tokens=SAMPLED_NEW,
-                                   sampler=sampler, stop_ids=set(), cost_prior=None, options=options,
-                                   build_method=sparsespec.decode.build_method)
+        out = sparsespec.decode.decode_prompts(model, [p.clone() for p in prompts], method=method,
+                                               max_new_tokens=SAMPLED_NEW, sampler=sampler, stop_ids=set(),
+                                               options=options)
         return tuple(tuple(g.tokens) for g in out)
     return enumerate_outputs(decode_once)
 

@@ -99,7 +99,7 @@ def test_one_prefill_fans_out_to_several_observers_and_changes_nothing():
     plain = prefill(None)
     alone = []
     for d in drafters:
-        assert prefill(d.prefill_hook()).equal(plain)
+        assert prefill(ObservedPrefillHook(d.prefill_observers())).equal(plain)
         alone.append({k: v.clone() for k, v in d.policy.observed.items()})
         d.policy.observed.clear()
     shared = ObservedPrefillHook([o for d in drafters for o in d.prefill_observers()])
@@ -118,7 +118,7 @@ def test_only_policies_that_recycle_verification_observe_it(method, observes):
     options = dict(sink=2, budget=20) if method == "streaming" else dict(sink=2, recent=4, budget=20)
     drafter = make_drafter(model, method, 200, **options)
     assert drafter.budget.total == 20
-    assert (drafter.verify_hook().observer is not None) == observes
+    assert (drafter.verify_observer() is not None) == observes
 
 
 def test_h2o_sums_prefill_and_the_kept_verification_queries_only():

@@ -7,10 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from omegaconf import DictConfig, OmegaConf
 
 from sparsespec.errors import ConfigError
+from sparsespec.method_options import resolve
 from sparsespec.options import accepts
+from sparsespec.tasks import SOURCES, TASKS, check_task_options
 
 from .order import check_run_order
 
@@ -43,8 +47,6 @@ def device_name(requested: str) -> str:
     """`auto` -> cuda when available, else cpu; an explicit CUDA device must exist here."""
     if requested not in DEVICES and not str(requested).startswith("cuda:"):
         raise ConfigError(f"device={requested!r} is unknown; accepted: {', '.join(DEVICES)} or cuda:N")
-    import torch
-
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda"):
@@ -54,8 +56,6 @@ def device_name(requested: str) -> str:
 
 def check_cuda_device(requested: str) -> None:
     """`cuda` or `cuda:N` must name a CUDA device this machine has."""
-    import torch
-
     if not torch.cuda.is_available():
         raise ConfigError(f"device={requested!r} but CUDA is not available here (torch {torch.__version__}); "
                           f"accepted here: auto, cpu")
@@ -126,8 +126,6 @@ def context_warnings(cfg: DictConfig) -> list[str]:
 def resolved_options(method: str, options: dict) -> dict:
     """Every setting the method will run with, declared defaults included (the controller's k of a
     fixed-k run that left k at its default, for one), so results name them all."""
-    from sparsespec.method_options import resolve
-
     return resolve(method, options).as_dict()   # one-line ConfigError on anything it rejects
 
 
@@ -138,8 +136,6 @@ def check_method_options(method: str, options: dict) -> None:
 
 
 def check_task(task: str, source: str, variant: str | None = None, depth: float | None = None) -> None:
-    from sparsespec.tasks import SOURCES, TASKS, check_task_options
-
     if task not in TASKS:
         raise ConfigError(f"task.name={task!r} is unknown; accepted: {', '.join(TASKS)}")
     if source not in SOURCES:

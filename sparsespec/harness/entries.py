@@ -11,6 +11,9 @@ import json
 import re
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from sparsespec import hf_reference
@@ -60,9 +63,6 @@ def method_node(entry: str) -> DictConfig:
         for key, value in options.items():
             OmegaConf.update(node, f"options.{key}", _parse(value))
         return node
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     overrides = [f"method={name}", *(f"++method.options.{kv}" for kv in assignments)]
     # k and budget are labelled by analysis/ from the options; any other option names the run apart
     # ("sparsespec acceptance_model=paper"), so two entries of one method never share a label
@@ -77,8 +77,6 @@ def method_node(entry: str) -> DictConfig:
 
 def _parse(text: str):
     """A command-line value as Hydra would read it (int, float, bool, null or string)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return OverridesParser.create().parse_override(f"x={text}").value()
 
 

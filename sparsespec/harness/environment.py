@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from sparsespec import threads
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "hydra-core",
@@ -52,8 +54,6 @@ def cpu_name() -> str:
 
 
 def gpu_info() -> dict:
-    import torch
-
     if not torch.cuda.is_available():
         return {"gpu": None, "gpu_count": 0, "cuda": None}
     return {"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
@@ -61,8 +61,6 @@ def gpu_info() -> dict:
 
 
 def collect(*, device: str, dtype: str) -> dict:
-    import torch
-
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

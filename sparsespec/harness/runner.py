@@ -18,14 +18,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from sparsespec import hf_reference, stats, threads
+import sparsespec
+from sparsespec import calibration, hf_reference, stats, threads
+from sparsespec.batch import batched_methods, check_batchable
 from sparsespec.calibration import RunCalibration
 from sparsespec.eos import before_eos, eos_token_ids
 from sparsespec.errors import ConfigError
+from sparsespec.models import load_model, max_context
 from sparsespec.shared_prefill import PrefillMemo
+from sparsespec.tasks import load_prompts
 
 from . import environment
 from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name,
@@ -125,7 +132,6 @@ def distinct_runs(runs: list[MethodRun]) -> list[MethodRun]:
 def check_method_run(run: MethodRun) -> None:
     resolved_method_options(run.method, run.options)
     if batch_size(run.cfg) > 1:
-        from sparsespec.batch import batched_methods, check_batchable
         if hf_reference.is_reference(run.method):
             raise ConfigError(f"method {run.method!r} does not run batched (batch_size={batch_size(run.cfg)}); "
                               f"batched methods: {batched_methods()}")
@@ -167,9 +173,6 @@ def task_options(cfg: DictConfig) -> dict:
 
 def load_inputs(cfg: DictConfig, device: str):
     """(model, tokenizer, prompts), with a progress bar over the two loads."""
-    from sparsespec.models import load_model, max_context
-    from sparsespec.tasks import load_prompts
-
     spec = model_spec(cfg)
     with tqdm(total=2, desc="loading", unit="step") as bar:
         bar.set_postfix_str(f"model {cfg.model.name} ({cfg.dtype}, {device})")
@@ -204,31 +207,26 @@ def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: R
     decoded, before its methods decode, so it costs no prefill of its own."""
     if not cfg.cost_profile:
         return {}
-    from sparsespec.calibration import plan_profiles
     wanted = {run.entry: (run.method, run.options) for run in todo
               if run.entry not in cost_priors and not hf_reference.is_reference(run.method)
               and resolved_options(run.method, run.options).get("controller") == "entropy"}
     ar = AR not in cost_priors.choices and any(m == AR for m, _ in decoders_for(todo, cfg).values())
-    return plan_profiles(wanted, ar=ar, max_new_tokens=cfg.max_new_tokens, num_prompts=cfg.num_prompts)
+    return calibration.plan_profiles(wanted, ar=ar, max_new_tokens=cfg.max_new_tokens, num_prompts=cfg.num_prompts)
 
 
 def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: RunCalibration) -> None:
     """Measure every job of `profiles` from its start in `starts` (one prompt's prefill: label ->
     Prefilled; a batch's: a list of them) into `cost_priors` (priors and thread choices by entry)."""
-    from sparsespec.calibration import measure_planned
-
     if not profiles:
         return
     start = time.perf_counter()
-    measure_planned(model, inputs, starts, profiles, cost_priors)
+    calibration.measure_planned(model, inputs, starts, profiles, cost_priors)
     log.info("%d calibration decodes (from the shared prefill; not recorded as samples): %.1f s; threads %s",
              len(profiles), time.perf_counter() - start, {e: c.threads for e, c in cost_priors.choices.items()})
 
 
 def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
     """One prefill of `prompt` for the engine's decoders and the cost profiles (each at its own length)."""
-    import sparsespec
-
     methods = {**engine, **{label: (job.method, job.options) for label, job in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
                               lengths={label: job.length for label, job in profiles.items()}, memo=PREFILL_MEMO)
@@ -239,8 +237,6 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     """label -> Generation for every decoder (label -> (method, options)), back to back in the
     given order, all of sparsespec's methods from one shared prefill of the prompt. `profiles`
     (`profiles_to_measure`) are measured first, from the same prefill, into `cost_priors`."""
-    import sparsespec
-
     cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
@@ -265,8 +261,6 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg
     back, each decoding the whole batch together (sparsespec/batch.py), all from one shared prefill
     of each prompt (as `decode_prompt`: N methods cost one prefill a prompt, not N). `profiles` are
     measured first, on the batch, from the same prefills: a batch's controller weighs a batch's costs."""
-    import sparsespec
-
     cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
+from sparsespec.method_options import option_names
+from sparsespec.methods import METHODS
+
 GROUP = "method_options"
 
 
 def register_method_options() -> None:
     """Idempotent: one `method_options/<method>` node per registered method."""
-    from sparsespec.method_options import option_names
-    from sparsespec.methods import METHODS
-
     store = ConfigStore.instance()
     for method in METHODS:
         store.store(group=GROUP, name=method, node={name: None for name in sorted(option_names(method))})

@@ -5,14 +5,13 @@ from __future__ import annotations
 import sys
 
 from sparsespec.errors import ConfigError, exit_with_error
+from sparsespec.harness.entries import conf_method_names, method_node
 from sparsespec.method_options import describe
 from sparsespec.methods import METHODS
 
 
 def conf_methods() -> dict[str, tuple[str, dict]]:
     """conf/method name -> (the engine's method it runs, the options its file sets)."""
-    from sparsespec.harness.entries import conf_method_names, method_node
-
     def of(name: str) -> tuple[str, dict]:
         node = method_node(name)
         return str(node.name), {k: v for k, v in dict(node.options or {}).items() if v is not None}

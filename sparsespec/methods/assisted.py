@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from ..cache import PreallocatedCache, num_decoder_layers
 from ..errors import ConfigError
@@ -45,7 +46,6 @@ def truncated_copy(model, n_layers: int):
 
 @lru_cache(maxsize=2)
 def load_draft_model(path: str, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     except OSError as err:
@@ -105,7 +105,7 @@ class AssistedDrafter(ModelDrafter):
         self.cache_len = position + 1
         return match_vocab(logits, self.vocab)
 
-    def after_verify(self, state, hook, accepted, submitted) -> None:
+    def after_verify(self, state, accepted, submitted) -> None:
         # the draft cache holds [last, d_1, ...] from the old length on; [last, d_1..d_a] survived
         self.cache_len = min(self.cache_len, state.length)
         self.cache.truncate(self.cache_len)

@@ -7,6 +7,11 @@ Autoregressive decoding is the drafter that proposes nothing. To add a method, s
 as an `Options` dataclass (sparsespec/options.py: type, default, reason, check), and register it in
 `sparsespec/methods/__init__.py`. A new way of choosing the sparse draft's KV positions is not a
 drafter but a policy: `sparsespec/methods/policies/`.
+
+A drafter that can propose for a batch of sequences at once sets `batchable` and returns its
+proposer from `batch_proposer` (a `BatchModelProposer` when drafting runs a model step by step); the
+batched loop (`sparsespec/batch.py`) talks to it only through that proposer, `verify_observer`
+and `after_prefill`/`after_verify`.
 """
 from __future__ import annotations
 
@@ -15,8 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import ExplicitAttentionHook, ObservedPrefillHook
-from ..cache import PreallocatedCache
+from ..batch_cache import BatchCache
 from ..draft_weights import DRAFT_WEIGHTS, draft_model, resolve_draft_weights
 from ..options import NoOptions, OptionSet
 from ..sampling import Sampler, entropy
@@ -26,7 +30,7 @@ from ..sampling import Sampler, entropy
 class DecodeState:
     """What the loop knows between rounds."""
     model: torch.nn.Module
-    cache: PreallocatedCache          # the target's full KV cache
+    cache: BatchCache                 # the batch's full KV cache (a drafter run one sequence at a time: its only row)
     ids: torch.Tensor                 # (capacity,) prompt + generated tokens; ids[:length+1] are valid
     length: int                       # positions in the full cache; ids[length] is the newest token
     prompt_len: int
@@ -48,15 +52,16 @@ class DecodeState:
 
 
 @dataclass
-class Draft:
-    tokens: list[torch.Tensor] = field(default_factory=list)    # 0-dim token tensors, on device
-    probs: list[torch.Tensor] | None = None                     # (V,) draft distributions, sampling only
-    entropies: list[torch.Tensor] = field(default_factory=list) # 0-dim, nats
-    steps: int = 0                                              # draft forwards run
+class BatchDraft:
+    tokens: list[torch.Tensor] = field(default_factory=list)     # per step, (B,) token ids
+    probs: list[torch.Tensor] = field(default_factory=list)      # per step, (B, V) draft distributions; empty: one-hot
+    entropies: list[list[float]] = field(default_factory=list)   # per step, one entropy (nats) per sequence
+    steps: int = 0                                               # draft forwards run
 
 
 class Drafter:
     name: ClassVar[str] = ""
+    batchable: ClassVar[bool] = False          # True: `batch_proposer` drafts for a whole batch at once
     Options: ClassVar[type[OptionSet]] = NoOptions   # declared once; checked by sparsespec/method_options.py
     drafts: ClassVar[bool] = True              # False only for AR: it proposes nothing, takes no controller options
     drafts_have_entropy: ClassVar[bool] = True # False: entropy-reading controllers do not apply (prompt lookup)
@@ -81,32 +86,29 @@ class Drafter:
         possibly all). A kept prefill (`PrefillMemo`) keeps only that many, and replays them."""
         return 0 if not self.prefill_observers() else None
 
-    def prefill_hook(self):
-        """An attention hook for the prefill forward, or None: SDPA once, fanned out to every
-        observer (observers of several drafters can share one `ObservedPrefillHook`)."""
-        observers = self.prefill_observers()
-        return ObservedPrefillHook(observers) if observers else None
-
     def after_prefill(self, state: DecodeState) -> None:
         pass
 
-    def draft(self, state: DecodeState, controller, timers) -> Draft:
-        """Propose tokens until the controller says stop (it was started with a limit >= 1).
-        `timers.select` and `timers.draft` are stopwatches for set-up and draft steps."""
-        return Draft()
+    def verify_observer(self):
+        """An observer of the verification's attention, `observe(layer_idx, probs)` with probs
+        (1, Hkv, G, q, L + q), or None. It computes statistics and never changes the output."""
+        return None
 
-    def verify_hook(self):
-        """The attention hook for the verification forward (the same explicit attention for every
-        speculative method, so none pays a slower verification than another)."""
-        return ExplicitAttentionHook()
+    def batch_proposer(self, windows: list):
+        """The proposer of a batch of this method's sequences (this drafter is the batch's first),
+        or None when the method drafts nothing. `windows`: each layer's sliding window or None.
+        A drafter that is not `batchable` is given batches of one only."""
+        raise NotImplementedError(f"method {self.name!r} does not propose for a batch")
 
-    def after_verify(self, state: DecodeState, hook, accepted: int, submitted: int) -> None:
+    def after_verify(self, state: DecodeState, accepted: int, submitted: int) -> None:
         """Called once the full cache has been rolled back to `state.length`."""
         pass
 
 
 class ModelDrafter(Drafter):
-    """Drafts one token per forward of some model; subclasses implement `prepare` and `step`."""
+    """Drafts one token per forward of some model. A batchable subclass returns a `BatchModelProposer`
+    of its own; the others draft one sequence at a time: they implement `prepare`, `step` and `finish`
+    for one sequence, and `OneSequenceProposer` runs them as a batch of one."""
 
     default_controller = "fixed"
 
@@ -127,22 +129,69 @@ class ModelDrafter(Drafter):
     def finish(self, state: DecodeState) -> None:
         """After the last draft step (e.g. roll back what drafting wrote into the full cache)."""
 
-    def draft(self, state: DecodeState, controller, timers) -> Draft:
-        out = Draft(probs=None if state.sampler.greedy else [])
+    def batch_proposer(self, windows: list):
+        return OneSequenceProposer(self)
+
+
+def pick_rows(sampler: Sampler, logits: torch.Tensor):
+    """One token per row of (B, V) logits: (B,) tokens and (B, V) distributions (None when greedy).
+    Each row is drawn by `sampler.draw` on its own (V,) distribution, as a sequence alone is."""
+    if sampler.greedy:
+        return logits.argmax(dim=-1), None
+    probs = sampler.probs(logits)
+    return torch.stack([sampler.draw(p) for p in probs]), probs
+
+
+class BatchModelProposer:
+    """Drafts for a batch by running a model one token per step: `prepare` once per round, then
+    `step(tokens (B,), positions (B,)) -> (B, V)` until the controller stops, then `finish`.
+    `seqs`: the batch's active sequences in row order, each with its `drafter` and `state`."""
+
+    def prepare(self, target: BatchCache, seqs: list) -> None:
+        pass
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def finish(self, target: BatchCache) -> None:
+        pass
+
+    def draft(self, target: BatchCache, seqs: list, last: torch.Tensor, controller, sampler: Sampler,
+              timers) -> BatchDraft:
+        """`last` (B,): each sequence's newest token, at position L_b."""
+        out = BatchDraft()
         with timers.select:
-            self.prepare(state)
-        token, position = state.last, state.length
+            self.prepare(target, seqs)
         with timers.draft:
+            token, position = last, target.lengths.clone()
             while True:
-                logits = self.step(state, token, position)
+                logits = self.step(token, position)                                   # (B, V)
                 out.steps += 1
-                tok, probs = state.sampler.pick(logits)
-                out.tokens.append(tok)
-                out.entropies.append(entropy(logits))
+                token, probs = pick_rows(sampler, logits)                             # (B,), (B, V) | None
+                out.tokens.append(token)
+                out.entropies.append(entropy(logits).tolist())                        # one sync per step
                 if probs is not None:
                     out.probs.append(probs)
-                if not controller.keep_drafting(out.entropies):
+                if not controller.keep_drafting_batch([list(col) for col in zip(*out.entropies)]):
                     break
-                token, position = tok.view(1, 1), position + 1
-            self.finish(state)
+                position = position + 1
+            self.finish(target)
         return out
+
+
+class OneSequenceProposer(BatchModelProposer):
+    """The proposer of a drafter that drafts one sequence at a time (not `batchable`): the loop gives
+    it batches of one, and each step is the drafter's own `step`."""
+
+    def __init__(self, drafter: ModelDrafter):
+        self.drafter, self.state = drafter, None
+
+    def prepare(self, target: BatchCache, seqs: list) -> None:
+        (self.state,) = (s.state for s in seqs)                                     # a batch of one
+        self.drafter.prepare(self.state)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.drafter.step(self.state, tokens.view(1, 1), int(positions[0])).view(1, -1)   # (1, V)
+
+    def finish(self, target: BatchCache) -> None:
+        self.drafter.finish(self.state)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..batch_cache import BatchCache, BatchVerifyHook
 from ..cache import num_decoder_layers
 from ..errors import ConfigError
 from ..options import OptionSet, at_least, one_of, option
-from .base import DecodeState, ModelDrafter
+from .base import BatchModelProposer, ModelDrafter
 
 
 @contextmanager
@@ -35,6 +36,7 @@ def early_exit(model, n_layers: int):
 
 class LayerSkipDrafter(ModelDrafter):
     name = "layerskip"
+    batchable = True
 
     @dataclass(frozen=True)
     class Options(OptionSet):
@@ -52,11 +54,29 @@ class LayerSkipDrafter(ModelDrafter):
         if not 1 <= self.exit_layer < n:
             raise ConfigError(f"exit_layer={self.exit_layer!r} must be an integer in [1, {n - 1}] for this {n}-layer model")
 
-    def step(self, state: DecodeState, token, position) -> torch.Tensor:
-        with early_exit(self.drafting_model, self.exit_layer):
-            out = self.drafting_model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
-                             past_key_values=state.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1]
+    def batch_proposer(self, windows: list) -> "EarlyExitProposer":
+        return EarlyExitProposer(self.drafting_model, self.exit_layer, windows)
 
-    def finish(self, state: DecodeState) -> None:
-        state.cache.truncate(state.length)
+
+class EarlyExitProposer(BatchModelProposer):
+    """LayerSkip for a batch: the first `exit_layer` layers draft over the target's own `BatchCache`
+    (step s of sequence b writes slot L_b + s, attends with the verification mask); the lengths
+    are restored afterwards, so verification overwrites those slots."""
+
+    def __init__(self, model, exit_layer: int, windows: list):
+        self.model, self.exit_layer, self.windows = model, exit_layer, windows
+        self.target = self.lengths = None
+
+    def prepare(self, target: BatchCache, seqs: list) -> None:
+        self.target, self.lengths = target, list(target.length_list)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.target.set_lengths(positions.tolist())
+        hook = BatchVerifyHook(self.target, self.windows, [None] * tokens.shape[0])
+        with early_exit(self.model, self.exit_layer):
+            out = self.model(input_ids=tokens.view(-1, 1), position_ids=positions.view(-1, 1),
+                             past_key_values=self.target, use_cache=True, attn_hook=hook, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def finish(self, target: BatchCache) -> None:
+        target.set_lengths(self.lengths)                                              # the rollback

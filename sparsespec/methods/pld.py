@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..options import OptionSet, at_least, option
-from .base import DecodeState, Draft, Drafter
+from ..batch_cache import BatchCache
+from .base import BatchDraft, Drafter
 
 
 def lookup_continuation(history: torch.Tensor, max_ngram: int, limit: int) -> torch.Tensor:
@@ -30,6 +31,7 @@ def lookup_continuation(history: torch.Tensor, max_ngram: int, limit: int) -> to
 class PromptLookupDrafter(Drafter):
     name = "pld"
     drafts_have_entropy = False         # drafts are looked up, not sampled: no entropy to read
+    batchable = True
     controller_defaults = {"k": 10}     # transformers' prompt_lookup_num_tokens default
 
     @dataclass(frozen=True)
@@ -40,14 +42,27 @@ class PromptLookupDrafter(Drafter):
         super().__init__(model, **kw)
         self.max_ngram = self.opts.max_ngram
 
-    def draft(self, state: DecodeState, controller, timers) -> Draft:
-        out = Draft(probs=None)             # one-hot drafts: accept_sampling builds q itself
+    def batch_proposer(self, windows: list) -> "LookupProposer":
+        return LookupProposer(self.max_ngram, self.max_k)
+
+
+class LookupProposer:
+    """Prompt lookup for a batch: each sequence looks up its own continuation; the batch drafts as
+    many tokens as the controller allows and the longest lookup has. A sequence with a shorter lookup
+    pads it with its last token: a deterministic draft like any other (greedy rejects it unless the
+    target agrees; sampling accepts it with probability p(d), q being one-hot), so nothing is lost."""
+
+    def __init__(self, max_ngram: int, max_k: int):
+        self.max_ngram, self.max_k = max_ngram, max_k
+
+    def draft(self, target: BatchCache, seqs: list, last: torch.Tensor, controller, sampler, timers) -> BatchDraft:
+        out = BatchDraft()
         with timers.draft:
-            proposal = lookup_continuation(state.history(), self.max_ngram, self.max_k)
-            zero = proposal.new_zeros((), dtype=torch.float32)
-            for token in proposal:
-                out.tokens.append(token)
-                out.entropies.append(zero)
-                if not controller.keep_drafting(out.entropies):
+            proposals = [lookup_continuation(s.state.history(), self.max_ngram, self.max_k) for s in seqs]
+            for j in range(max(p.numel() for p in proposals)):
+                out.tokens.append(torch.stack([p[j] if j < p.numel() else (p[-1] if p.numel() else s.state.last.view(()))
+                                               for p, s in zip(proposals, seqs)]))          # (B,)
+                out.entropies.append([0.0] * len(seqs))
+                if not controller.keep_drafting_batch([[0.0] * (j + 1) for _ in seqs]):
                     break
         return out

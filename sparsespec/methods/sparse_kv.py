@@ -5,13 +5,14 @@ policy (`sparsespec/methods/policies/`) selects per KV head: sinks + recent + a 
 drafters run every policy; which one follows from the policy's base class:
 
 - `GatheredKVDrafter` (a `KVPolicy`): the policy selects once per round; the positions are gathered
-  into a small draft cache (dynamic, or fixed-shape for compilation). Draft tokens' K/V go to the
-  draft cache only; the full cache is untouched until verification.
+  into a small draft cache (the batch's padded one, or fixed-shape for compilation). Draft tokens'
+  K/V go to the draft cache only; the full cache is untouched until verification.
 - `QueryAwareKVDrafter` (a `QueryAwarePolicy`: oracle, Quest): the policy selects at every draft
   step from the draft query; steps run over the full cache and are rolled back before verification.
+  It drafts one sequence at a time (a batch of one).
 
 Both hand the policy's observers to the loop's hooks: a prefill observer to the prefill's
-`ObservedPrefillHook`, a verification observer to the shared `ExplicitAttentionHook`.
+`ObservedPrefillHook`, a verification observer to the loop's verification hook.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import ExplicitAttentionHook, QueryAwareDraftHook, StaticDraftHook, attend_all
-from ..cache import PreallocatedCache, StaticDraftCache, num_decoder_layers
+from ..attention import QueryAwareDraftHook, StaticDraftHook
+from ..batch_cache import BatchCache, BatchDraftCache, BatchDraftHook, gather_batch, pad_positions
+from ..cache import StaticDraftCache, num_decoder_layers
 from ..selection import gather_positions, sliding_window_of, window_start
-from .base import DecodeState, ModelDrafter
+from .base import BatchModelProposer, DecodeState, ModelDrafter
 from .policies import KVPolicy, QueryAwarePolicy
 from .policies.base import DraftCacheOptions
 
@@ -61,29 +63,29 @@ class SparseKVDrafter(ModelDrafter):
     def after_prefill(self, state: DecodeState) -> None:
         self.policy.after_prefill(state)
 
-    def verify_hook(self):
-        return ExplicitAttentionHook(self.policy.verification_observer())
+    def verify_observer(self):
+        return self.policy.verification_observer()
 
-    def after_verify(self, state, hook, accepted, submitted) -> None:
+    def after_verify(self, state, accepted, submitted) -> None:
         self.policy.after_verify(state, accepted)
 
 
 class GatheredKVDrafter(SparseKVDrafter):
-    """Selects once per round and drafts over a gathered draft cache."""
+    """Selects once per round and drafts over a gathered draft cache: a batch's padded one
+    (`GatheredProposer`), or with `static_draft`/`compile_draft` a fixed-shape one of its own, one
+    sequence at a time."""
+    batchable = True
 
     def __init__(self, model, **kw):
         super().__init__(model, **kw)
         max_k, static_draft, compile_draft = self.max_k, self.opts.static_draft, self.opts.compile_draft
         self.draft_dtype = next(self.drafting_model.parameters()).dtype
-        n_layers = num_decoder_layers(model)
-        # the draft cache holds M gathered positions + the round's draft tokens (+1 discarded step)
         self.static = static_draft or bool(compile_draft)
-        if self.static:
-            self.draft_cache = StaticDraftCache(n_layers, self.budget.total + max_k + 2, device=model.device)
+        self.batchable = not self.static
+        if self.static:   # M gathered positions + the round's draft tokens (+1 discarded step)
+            self.draft_cache = StaticDraftCache(num_decoder_layers(model), self.budget.total + max_k + 2,
+                                                device=model.device)
             self.draft_hook = StaticDraftHook(self.draft_cache)
-        else:
-            self.draft_cache = PreallocatedCache(n_layers, self.budget.total + max_k + 2)
-            self.draft_hook = attend_all
         self.step_model = self.drafting_model
         if compile_draft:   # CUDA graphs need the fixed addresses the static cache marks
             backend = "inductor" if compile_draft is True else compile_draft
@@ -91,24 +93,55 @@ class GatheredKVDrafter(SparseKVDrafter):
             self.step_model = torch.compile(self.drafting_model, dynamic=False, backend=backend, mode=mode)
         self.resolved_options.update(static_draft=self.static)
 
+    def select_positions(self, layer: int, length: int) -> torch.Tensor:
+        """(Hkv, M) the positions layer `layer` drafts over, of a sequence of `length` cached positions."""
+        return self.policy.select_positions(layer, length, window_start(self.windows[layer], length))
+
     def prepare(self, state: DecodeState) -> None:
-        """Select each layer's positions and gather them into the draft cache."""
+        """(static draft) Select each layer's positions and gather them into the draft cache."""
         length = state.length
         for i, (full, draft) in enumerate(zip(state.cache.layers, self.draft_cache.layers)):
-            positions = self.policy.select_positions(i, length, window_start(self.windows[i], length))
+            positions = self.select_positions(i, length)
             keys, values = gather_positions(full.keys, full.values, positions)
-            if self.static:
-                draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype), positions)
-            else:
-                draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype))
+            draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype), positions)
 
     def step(self, state, token, position) -> torch.Tensor:
+        """(static draft) One draft step over the fixed-shape draft cache -> (V,) logits."""
         position_ids = torch.tensor([[position]], device=state.device)
-        if self.static:
-            self.draft_cache.query_position.copy_(position_ids)
+        self.draft_cache.query_position.copy_(position_ids)
         out = self.step_model(input_ids=token, position_ids=position_ids, past_key_values=self.draft_cache,
                               use_cache=True, attn_hook=self.draft_hook, logits_to_keep=1)
         return out.logits[0, -1]
+
+    def batch_proposer(self, windows: list):
+        if self.static:
+            return super().batch_proposer(windows)                  # one sequence at a time
+        return GatheredProposer(self.drafting_model, self.draft_dtype, windows, self.max_k)
+
+
+class GatheredProposer(BatchModelProposer):
+    """A gathered sparse-KV draft for a batch: each sequence's own policy selects its positions,
+    gathered into one padded draft cache."""
+
+    def __init__(self, model, dtype: torch.dtype, windows: list, max_k: int):
+        self.model, self.dtype = model, dtype
+        self.cache = BatchDraftCache(len(windows), steps=max_k + 2)
+        self.hook = BatchDraftHook(self.cache, windows)
+
+    def prepare(self, target: BatchCache, seqs: list) -> None:
+        """Per layer: each sequence's policy selects (Hkv, M_b) positions; gathered into the draft cache."""
+        lengths = target.length_list
+        for i, (full, draft) in enumerate(zip(target.layers, self.cache.layers)):
+            positions = pad_positions([s.drafter.select_positions(i, lengths[b]) for b, s in enumerate(seqs)])
+            keys, values = gather_batch(full.keys, full.values, positions)            # (B, Hkv, M, D)
+            draft.load(keys.to(self.dtype), values.to(self.dtype), positions)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (B,) at absolute positions (B,) -> (B, V) next-token logits."""
+        self.cache.query_position = positions.view(-1, 1)
+        out = self.model(input_ids=tokens.view(-1, 1), position_ids=positions.view(-1, 1),
+                         past_key_values=self.cache, use_cache=True, attn_hook=self.hook, logits_to_keep=1)
+        return out.logits[:, -1]
 
 
 class QueryAwareKVDrafter(SparseKVDrafter):
@@ -125,10 +158,11 @@ class QueryAwareKVDrafter(SparseKVDrafter):
         self.hook.length = state.length
 
     def step(self, state: DecodeState, token, position) -> torch.Tensor:
+        state.cache.set_lengths([position])                  # this step's K/V go to slot `position`
         out = self.drafting_model(input_ids=token, position_ids=torch.tensor([[position]], device=state.device),
                                   past_key_values=state.cache, use_cache=True, attn_hook=self.hook,
                                   logits_to_keep=1)
         return out.logits[0, -1]
 
     def finish(self, state: DecodeState) -> None:
-        state.cache.truncate(state.length)
+        state.cache.set_lengths([state.length])                                       # the rollback

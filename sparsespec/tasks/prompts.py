@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparsespec.errors import ConfigError
+from sparsespec.tasks.scoring import score
 
 MIN_DOCUMENT_TOKENS = 32   # below this the "long-context" prompt is all instructions: refuse it
 MAX_FIT_ROUNDS = 8         # re-tokenizing the cut text shifts the count by a few tokens; this converges in 1-2
@@ -19,8 +20,6 @@ class Prompt:
 
     def score(self, text: str) -> float | None:
         """The task metric of a generated `text` against this prompt's reference(s)."""
-        from sparsespec.tasks.scoring import score
-
         return score(self.meta["metric"], text, self.meta.get("answers", self.reference))
 
 
