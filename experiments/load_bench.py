@@ -191,6 +191,7 @@ def threads_of(summary: dict) -> int | None:
 
 def table(records: list[dict]) -> str:
     """One row per case, in the order run."""
+    from sparsespec.harness.report import interval
     from sparsespec.tables import format_cell, markdown_table
 
     columns = ["case", "load", "AR tok/s", "AR threads", "method", "tok/s", "threads", "speed-up (95% CI)",
@@ -198,7 +199,7 @@ def table(records: list[dict]) -> str:
     rows = []
     for r in records:
         low, high = r["speedup_ci95"]
-        ci = f" ({low:.2f}-{high:.2f})" if low is not None else ""
+        ci = f" {interval(low, high)}" if low is not None else ""
         rows.append(dict(zip(columns, [
             r["case"], r["load"], format_cell(r["ar_tokens_per_s"], ".2f"), format_cell(r["ar_threads"], "d"),
             r["method"], format_cell(r["tokens_per_s"], ".2f"), format_cell(r["threads"], "d"),
@@ -266,6 +267,7 @@ def run_cases(cases: list[Load], out: Path, overrides: list[str], load_s: float,
     from hydra.errors import HydraException
 
     from sparsespec.errors import ConfigError, UnavailableError, exit_with_error
+    from sparsespec.tables import format_cell
 
     out.mkdir(parents=True, exist_ok=True)
     for load in cases:
@@ -279,7 +281,7 @@ def run_cases(cases: list[Load], out: Path, overrides: list[str], load_s: float,
             exit_with_error(err)
         record_path.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{load.name}: {record['speedup_vs_ar']:.2f}x, threads AR {record['ar_threads']} / "
-              f"{method} {record['threads']}, k=0 rounds {record['k0_share']}", flush=True)
+              f"{method} {record['threads']}, k=0 rounds {format_cell(record['k0_share'], '.0%')}", flush=True)
     print(f"table: {write_table(out)}", flush=True)
     return 0
 
