@@ -115,17 +115,7 @@ def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:
         return geometric(ratios)
     if (frame.groupby("cell")["y"].std().fillna(0) < NO_SPREAD).all():
         return blocked(frame)          # no spread within any cell: the mixed model's likelihood is degenerate
-    try:
-        fit = _mixed_fit(frame, "y ~ 1", groups="cell")
-    except np.linalg.LinAlgError:
-        return blocked(frame, why=" (the mixed model's information matrix was singular)")
-    mu, se = fit.fe_params["Intercept"], fit.bse_fe["Intercept"]
-    if not (math.isfinite(mu) and math.isfinite(se)):
-        return blocked(frame, why=" (the mixed model gave no standard error)")
-    if not fit.converged:
-        return blocked(frame, why=" (the mixed model did not converge)")
-    return Estimate(math.exp(mu), math.exp(mu - Z * se), math.exp(mu + Z * se), len(frame),
-                    frame["cell"].nunique(), float(fit.pvalues["Intercept"]), how=_how(fit))
+    return mixed_estimate(frame, "y ~ 1", "Intercept", blocked, frame["cell"].nunique(), groups="cell")
 
 
 def blocked(frame: pd.DataFrame, why: str = "") -> Estimate:
@@ -155,17 +145,24 @@ def context_slope(speedups: pd.Series, ctx: pd.Series, blocks: pd.Series, cells:
     if n_cells < 3 or frame["x"].nunique() < 2:
         return Estimate(None, None, None, len(frame), n_cells)
     nested = cells is not None and frame["block"].nunique() < n_cells
+    return mixed_estimate(frame, "y ~ x", "x", blocked_slope, n_cells, groups="block",
+                          vc_formula={"cell": "0 + C(cell)"} if nested else None)
+
+
+def mixed_estimate(frame: pd.DataFrame, formula: str, param: str, fallback, n_cells: int, **fit_options) -> Estimate:
+    """exp of `param`'s mixed-model estimate with its 95% interval; `fallback(frame, why=...)` instead
+    when the fit is singular, gives no standard error, or does not converge."""
     try:
-        fit = _mixed_fit(frame, "y ~ x", groups="block", vc_formula={"cell": "0 + C(cell)"} if nested else None)
+        fit = _mixed_fit(frame, formula, **fit_options)
     except np.linalg.LinAlgError:
-        return blocked_slope(frame, why=" (the mixed model's information matrix was singular)")
-    b, se = fit.fe_params["x"], fit.bse_fe["x"]
-    if not (math.isfinite(b) and math.isfinite(se)):
-        return blocked_slope(frame, why=" (the mixed model gave no standard error)")
+        return fallback(frame, why=" (the mixed model's information matrix was singular)")
+    mu, se = fit.fe_params[param], fit.bse_fe[param]
+    if not (math.isfinite(mu) and math.isfinite(se)):
+        return fallback(frame, why=" (the mixed model gave no standard error)")
     if not fit.converged:
-        return blocked_slope(frame, why=" (the mixed model did not converge)")
-    return Estimate(math.exp(b), math.exp(b - Z * se), math.exp(b + Z * se), len(frame), n_cells,
-                    float(fit.pvalues["x"]), how=_how(fit))
+        return fallback(frame, why=" (the mixed model did not converge)")
+    return Estimate(math.exp(mu), math.exp(mu - Z * se), math.exp(mu + Z * se), len(frame), n_cells,
+                    float(fit.pvalues[param]), how=_how(fit))
 
 
 def blocked_slope(frame: pd.DataFrame, why: str = "") -> Estimate:
