@@ -15,7 +15,7 @@ batch of one; a batch drafts one k for every sequence):
 
 Every one of them is abstract here: a registered controller (one with a `name`) that leaves one
 out fails when its class is defined, not mid-run. `keep_drafting` / `observe` are the
-single-sequence forms, concrete wrappers over the batch forms for the single-sequence loop.
+single-sequence forms, concrete wrappers over the batch forms; the decode loop calls only the batch forms.
 """
 from __future__ import annotations
 
