@@ -26,9 +26,10 @@ Drafts: the loop asks the first sequence's drafter for the batch's proposer (`Dr
 sparsespec/methods/base.py) and talks to the drafters only through that contract: the gathered
 sparse-KV policies gather each sequence's own positions into one padded draft cache, LayerSkip drafts
 with the first layers over the batch cache, prompt lookup looks up per sequence, AR proposes nothing.
-`batched_methods()` lists the `batchable` ones. A drafter that is not batchable (oracle, Quest,
-assisted, a static draft) drafts one sequence at a time: it decodes batches of one only, and a larger
-batch of it is a ConfigError.
+A drafter that is not `batchable` (oracle, Quest, assisted, a static draft) drafts one sequence at a
+time: its batch of B prompts is decoded as B batches of one, in order, through this same loop
+(`decode_each`); the batch's `decode_s` is the sum of the parts, and each row's time counts from the
+start of the first part, so a later row includes the earlier rows' decoding.
 
 Sampling: one `Sampler` for the batch; each row is drawn on its own and each sequence runs exact
 rejection sampling on its own drafts (`accept_sampling`), so each output keeps the model's
@@ -143,7 +144,8 @@ class BatchGenerations(list):
 
 
 def check_batchable(method: str, options: dict) -> None:
-    """A batch of more than one prompt needs a `batchable` method (any method decodes a batch of one)."""
+    """Refuse a batch of more than one prompt for a method that is not `batchable`. `decode` itself
+    needs no such check (it decodes such a batch one sequence at a time)."""
     if method not in batched_methods():
         raise ConfigError(f"method {method!r} does not run batched yet; batched methods: {batched_methods()}")
     if options.get("compile_draft") or options.get("static_draft"):
@@ -152,8 +154,32 @@ def check_batchable(method: str, options: dict) -> None:
 
 
 def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
-    """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller)
-    together; see the module docstring. The first start's controller is the batch's."""
+    """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller):
+    together when the method's drafter is `batchable`, else one sequence at a time."""
+    if len(starts) > 1 and not starts[0].drafter.batchable:
+        return decode_each(model, starts, sampler, stop_ids, cost_prior)
+    return decode_together(model, starts, sampler, stop_ids, cost_prior)
+
+
+def decode_each(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
+    """`starts` decoded as batches of one, in order, each with its own controller, drawing from the
+    one `sampler`. `decode_s`: the sum of the parts; each row's `decode_s` (when it finished) counts
+    from the start of the first part."""
+    out = BatchGenerations()
+    out.batch_size = len(starts)
+    for start in starts:
+        part = decode_together(model, [start], sampler, stop_ids, cost_prior)
+        (gen,) = part
+        gen.decode_s += out.decode_s           # the rows decoded before this one
+        out.decode_s += part.decode_s
+        out.prefill_s += part.prefill_s
+        out.append(gen)
+    return out
+
+
+def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
+    """Decode from `starts` together; see the module docstring. The first start's controller is the
+    batch's."""
     for p in starts:
         p.used = True
     prompts = [p.shared.prompt for p in starts]

@@ -136,20 +136,18 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
 def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, max_new_tokens: int | None,
                    options: dict, sampler: Sampler, stop_ids: set, cost_prior=None,
                    prefilled=None) -> "batch.BatchGenerations":
-    """`prompts` (checked 1-D prompts) decoded together by the loop (sparsespec/batch.py), each from
-    its prefill: `prefilled` (one `Prefilled` per prompt, of one method), or its own."""
+    """`prompts` (checked 1-D prompts) decoded by the loop (sparsespec/batch.py: together, or one at
+    a time for a method that is not batchable), each from its prefill: `prefilled` (one `Prefilled`
+    per prompt, of one method), or its own."""
     if prefilled is None:
         method = method or "sparsespec"
         max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
-        if len(prompts) > 1:
-            batch.check_batchable(method, options)            # before any prefill runs
         built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
+        alone = len(prompts) == 1 or not built[0][0].batchable    # each sequence decodes in its own prefill's cache
         starts = [prefill_alone(model, p, drafter, controller, resolved, max_new_tokens, method=method,
-                                in_place=len(prompts) == 1) for p, (drafter, controller, resolved) in zip(prompts, built)]
+                                in_place=alone) for p, (drafter, controller, resolved) in zip(prompts, built)]
     else:
         starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
-        if len(starts) > 1:
-            batch.check_batchable(starts[0].method, starts[0].options)
     warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
     return batch.decode(model, starts, sampler, stop_ids, cost_prior)
 

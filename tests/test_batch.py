@@ -1,7 +1,8 @@
 """Batched decoding (sparsespec/batch.py) is lossless per sequence: under greedy, every sequence of a
 batch is token-identical to its prompt decoded alone with AR (fp32, Llama, Mistral with a sliding
 window, Qwen2 with mixed layers), at mixed prompt lengths and with budgets that force rejections;
-under sampling, the joint output of a batch is exactly the product of the model's distributions."""
+under sampling, the joint output of a batch is exactly the product of the model's distributions.
+A method that is not batchable decodes a batch one sequence at a time, with the same guarantees."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt, slow_but
 from sparsespec import batch
 from sparsespec.errors import ConfigError
+from sparsespec.sampling import Sampler
 from test_sampling import VOCAB, enumerate_outputs, model_distribution, total_variation
 
 NEW = 32
@@ -186,11 +188,61 @@ def test_batch_rule_is_the_mean_survival():
     assert survival(c._probs) == pytest.approx(expected[:len(c._probs)])
 
 
-@pytest.mark.parametrize("method,options", [("quest", {}), ("oracle", {}), ("assisted", dict(draft_model="truncated:1"))])
-def test_methods_not_batched_say_so(references, method, options):
-    model, prompts, _ = references["llama"]
-    with pytest.raises(ConfigError, match=rf"{method!r} does not run batched.*\['ar', "):
-        sparsespec.generate(model, prompts[:2], method=method, max_new_tokens=4, **options)
+ONE_AT_A_TIME = {     # drafters that are not batchable: a batch of them decodes one sequence at a time
+    "oracle": ("oracle", dict(k=4, **TINY_BUDGET)),
+    "quest": ("quest", dict(controller="fixed", k=4, page_size=2, **TINY_BUDGET)),
+    "assisted": ("assisted", dict(k=3, draft_model="truncated:1")),
+    "sparsespec-static": ("sparsespec", dict(controller="fixed", k=4, static_draft=True, **TINY_BUDGET)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_AT_A_TIME))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_methods_not_batched_decode_a_batch_one_sequence_at_a_time(references, arch, case):
+    """Greedy: each sequence equals AR alone; the batch's time is the sum of its sequences', and each
+    row's time counts from the start of the batch (a later row includes the earlier rows')."""
+    model, prompts, alone = references[arch]
+    method, options = ONE_AT_A_TIME[case]
+    rows = prompts[1:]                                        # 90, 200 and 40 tokens
+    gens = sparsespec.generate(model, rows, method=method, max_new_tokens=NEW, stop_at_eos=False, **options)
+    assert isinstance(gens, batch.BatchGenerations) and len(gens) == gens.batch_size == len(rows)
+    assert [g.tokens for g in gens] == alone[1:], (arch, case)
+    assert [g.prompt_tokens for g in gens] == list(LENGTHS[1:])
+    assert all(g.options["batch_size"] == len(rows) and g.method == method for g in gens)
+    assert any(r.drafted for g in gens for r in g.rounds), "nothing was drafted: the case proves nothing"
+    assert 0 < gens[0].decode_s < gens[1].decode_s < gens[2].decode_s <= gens.decode_s
+    assert gens.prefill_s == pytest.approx(sum(g.prefill_s for g in gens))
+
+
+def test_methods_not_batched_decode_from_shared_prefills(references):
+    """From one shared prefill per prompt (the harness's batch mode), as from their own prefills."""
+    model, prompts, alone = references["llama"]
+    methods = {case: ONE_AT_A_TIME[case] for case in ("quest", "sparsespec-static")}
+    starts = [sparsespec.prefill(model, p, methods=methods, max_new_tokens=NEW) for p in prompts[1:]]
+    for case in methods:
+        shared = sparsespec.generate(model, prompts[1:], prefilled=[s.pop(case) for s in starts], stop_at_eos=False)
+        assert [g.tokens for g in shared] == alone[1:], case
+
+
+@torch.inference_mode()
+def test_sampled_batch_not_batched_is_its_prompts_one_after_another(references):
+    """Sampling: the batch draws from one random stream, sequence after sequence, so it emits
+    exactly what its prompts decoded one after another from that stream emit."""
+    model, prompts, _ = references["qwen2"]
+    method, options = ONE_AT_A_TIME["oracle"]
+
+    def sampler():
+        return Sampler(temperature=1.0, generator=torch.Generator().manual_seed(11))
+
+    def decode(rows, sampler):
+        return [g.tokens for g in sparsespec.decode.decode_prompts(
+            model, rows, method=method, max_new_tokens=NEW, options=options, sampler=sampler, stop_ids=set())]
+    together = decode(prompts[1:], sampler())
+    stream = sampler()
+    each = [decode([p], stream)[0] for p in prompts[1:]]
+    assert together == each
+    assert len({tuple(t) for t in together}) == len(together)     # the rows differ: not one draw repeated
+    assert decode(prompts[1:2], sampler()) == together[:1]
 
 
 def test_bad_batch_inputs_are_one_line_errors(references):
@@ -207,8 +259,6 @@ def test_bad_batch_inputs_are_one_line_errors(references):
     with pytest.raises(ConfigError, match="attention_mask row 1 is all zeros: the mask leaves prompt 1 of the batch empty"):
         sparsespec.generate(model, torch.ones(2, 5, dtype=torch.long), attention_mask=mask, method="ar", max_new_tokens=2)
     assert isinstance(sparsespec.generate(model, [5, 6, 7], method="ar", max_new_tokens=2), sparsespec.Generation)
-    with pytest.raises(ConfigError, match="compile_draft"):
-        sparsespec.generate(model, prompts[:2], method="sparsespec", compile_draft=True, max_new_tokens=2)
 
 
 # --- sampling: the joint output of a batch is the product of the model's distributions, exactly ----
@@ -231,6 +281,7 @@ def joint_distribution(model, prompts, method, **options) -> dict[tuple, float]:
     ("sparsespec", dict(controller="fixed", k=2, sink=1, recent=2, topk=2, draft_weights="full")),
     ("layerskip", dict(k=2, exit_layer=1, draft_weights="full")),
     ("pld", dict(k=2)),
+    ("oracle", dict(k=2, sink=1, recent=2, topk=2)),     # not batchable: one sequence at a time
     ("ar", {})]))
 @torch.inference_mode()
 def test_batched_sampling_emits_exactly_the_model_distribution(method, options):
