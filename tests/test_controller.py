@@ -69,7 +69,7 @@ def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
     seen = []
     for h in entropies:
         seen.append(torch.tensor(h))
-        if not ctl.keep_drafting(seen):
+        if not ctl.keep_drafting_batch([seen]):
             break
     return len(seen), ctl.submit_count(len(seen))
 
@@ -126,7 +126,7 @@ def test_online_rule_stops_early_on_a_high_entropy_token():
 def test_warmup_cycles_and_centres_update():
     ctl = EntropyController(warmup_k=(4, 8), warmup_rounds=2)
     assert run_online(ctl, [0.1] * 16) == (4, 4)
-    ctl.observe([0.1, 0.2, 0.3, 2.0], accepted=3, submitted=4, draft_step_s=0.01, verify_s=0.05)
+    ctl.observe_batch([[0.1, 0.2, 0.3, 2.0]], accepted=[3], submitted=4, draft_step_s=0.01, verify_s=0.05)
     assert run_online(ctl, [0.1] * 16) == (8, 8)
     assert ctl.mu_acc is not None and ctl.mu_rej == pytest.approx(2.0)
     # mu_acc: EMA over 0.1, 0.2, 0.3 with rate 0.1, starting from the first value
@@ -159,7 +159,7 @@ def test_cycle_controller_drafts_each_k_in_turn():
     drafted = []
     for _ in range(6):
         drafted.append(run_online(ctl, [0.0] * 16)[0])
-        ctl.observe([], accepted=0, submitted=drafted[-1], draft_step_s=0.01, verify_s=0.1)
+        ctl.observe_batch([[]], accepted=[0], submitted=drafted[-1], draft_step_s=0.01, verify_s=0.1)
     assert drafted == [1, 4, 2, 1, 4, 2] and ctl.max_k == 4
 
 
@@ -317,7 +317,7 @@ def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
     assert run_online(seeded, low)[1] > 4
     assert seeded.acceptance(0.3) > seeded.acceptance(3.6)     # the bins, not one rate, decide
     assert sum(seeded.bins.judged) == pytest.approx(16)
-    seeded.observe([3.0], accepted=0, submitted=1, draft_step_s=0.02, verify_s=0.1)
+    seeded.observe_batch([[3.0]], accepted=[0], submitted=1, draft_step_s=0.02, verify_s=0.1)
     assert seeded.n_rejected == pytest.approx(0.1 * 16 + 1)        # online rounds add to the pseudo-counts
     assert sum(seeded.bins.judged) == pytest.approx(17)
 

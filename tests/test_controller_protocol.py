@@ -1,5 +1,6 @@
 """The controller contract: an abstract base that refuses an incomplete controller at class
-definition, one factory, and single-sequence calls that are the batch calls on a batch of one."""
+definition, one factory, and batch calls on identical copies of a sequence that decide as on the
+sequence alone (a batch of one)."""
 from __future__ import annotations
 
 import random
@@ -21,6 +22,7 @@ def complete_members() -> dict:
 def test_the_protocol_is_the_batch_shaped_one():
     assert PROTOCOL == {"max_k", "use_cost_prior", "start_round", "keep_drafting_batch", "submit_count",
                         "observe_batch", "trace"}
+    assert not hasattr(Controller, "keep_drafting") and not hasattr(Controller, "observe")   # no second form
 
 
 @pytest.mark.parametrize("missing", sorted(PROTOCOL))
@@ -60,9 +62,9 @@ def primed(name: str):
     return c
 
 
-def drive(controller, rounds, batch_of: int | None):
-    """Run scripted rounds through the single-sequence calls (batch_of None) or the batch calls on
-    `batch_of` copies of the sequence; the decisions and traces, round by round."""
+def drive(controller, rounds, batch_of: int):
+    """Run scripted rounds through the batch calls on `batch_of` copies of the sequence; the
+    decisions and traces, round by round."""
     out = []
     for limit, entropies, accepted, draft_s, verify_s in rounds:
         limit = controller.start_round(limit)
@@ -70,34 +72,28 @@ def drive(controller, rounds, batch_of: int | None):
         while drafted < len(entropies) and drafted < max(limit, 1):
             drafted += 1
             seen = entropies[:drafted]
-            keep = controller.keep_drafting(seen) if batch_of is None \
-                else controller.keep_drafting_batch([seen] * batch_of)
-            if not keep:
+            if not controller.keep_drafting_batch([seen] * batch_of):
                 break
         k = controller.submit_count(drafted) if limit else 0
         a = min(accepted, k)
         trace = controller.trace()
-        if batch_of is None:
-            controller.observe(entropies[:k], a, k, draft_s if k else None, verify_s)
-        else:
-            controller.observe_batch([entropies[:k]] * batch_of, [a] * batch_of, k, draft_s if k else None, verify_s)
+        controller.observe_batch([entropies[:k]] * batch_of, [a] * batch_of, k, draft_s if k else None, verify_s)
         out.append((limit, drafted, k, trace))
     return out
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CONTROLLERS if n in ("fixed", "cycle", "heuristic", "entropy")))
-def test_single_sequence_calls_decide_as_a_batch_of_one_and_of_identical_copies(name):
+def test_a_batch_of_identical_copies_decides_as_a_batch_of_one(name):
     rng = random.Random(7)
     rounds = [(rng.choice([16, 16, 16, 3, 0]), [rng.uniform(0, 4) for _ in range(16)], rng.randint(0, 16),
                rng.uniform(0.005, 0.02), rng.uniform(0.04, 0.1)) for _ in range(40)]
-    single = drive(primed(name), rounds, None)
-    assert single == drive(primed(name), rounds, 1)
+    single = drive(primed(name), rounds, 1)
     # copies of one sequence: the same k (pibar of equal sequences is pi). The entropy controller
     # learns from every sequence, so copies count as more evidence: compare it round by round from
     # the same state; the count controllers over the whole script
     scripts = [[r] for r in rounds] if name == "entropy" else [rounds]
     for script in scripts:
-        alone, copies = drive(primed(name), script, None), drive(primed(name), script, 3)
+        alone, copies = drive(primed(name), script, 1), drive(primed(name), script, 3)
         assert [r[:3] for r in copies] == [r[:3] for r in alone]
         for (_, _, _, a), (_, _, _, b) in zip(alone, copies):
             assert a.keys() == b.keys() and all(a[f] == pytest.approx(b[f]) for f in a)

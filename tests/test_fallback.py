@@ -85,11 +85,11 @@ def scripted_round(ctl: EntropyController, entropies, accepted, draft_step_s, ve
     drafted = 0
     while limit and drafted < len(entropies):
         drafted += 1
-        if not ctl.keep_drafting(entropies[:drafted]):
+        if not ctl.keep_drafting_batch([entropies[:drafted]]):
             break
     k = ctl.submit_count(drafted) if limit else 0
     trace = ctl.trace()
-    ctl.observe(entropies[:k], min(accepted, k), k, draft_step_s if k else None, verify_s if k else ar_s)
+    ctl.observe_batch([entropies[:k]], [min(accepted, k)], k, draft_step_s if k else None, verify_s if k else ar_s)
     return limit, k, trace
 
 

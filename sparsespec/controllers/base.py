@@ -14,8 +14,8 @@ batch of one; a batch drafts one k for every sequence):
     trace()                       -> what the controller believed this round, for `Round`
 
 Every one of them is abstract here: a registered controller (one with a `name`) that leaves one
-out fails when its class is defined, not mid-run. `keep_drafting` / `observe` are the
-single-sequence forms, concrete wrappers over the batch forms; the decode loop calls only the batch forms.
+out fails when its class is defined, not mid-run. One sequence calls them as a batch
+of one (`keep_drafting_batch([entropies])`, `observe_batch([entropies], [accepted], ...)`).
 """
 from __future__ import annotations
 
@@ -83,16 +83,6 @@ class Controller(abc.ABC):
     @abc.abstractmethod
     def trace(self) -> dict:
         """`Round` fields describing what the controller believed this round ({} for none)."""
-
-    # --- the single-sequence forms: wrappers over the batch forms -------------------------------
-    def keep_drafting(self, entropies: Sequence[float]) -> bool:
-        """Single-sequence wrapper: `keep_drafting_batch([entropies])`."""
-        return self.keep_drafting_batch([entropies])
-
-    def observe(self, entropies: Sequence[float], accepted: int, submitted: int,
-                draft_step_s: float | None, verify_s: float) -> None:
-        """Single-sequence wrapper: `observe_batch([entropies], [accepted], ...)`."""
-        self.observe_batch([entropies], [accepted], submitted, draft_step_s, verify_s)
 
 
 # the names every registered controller implements: `Controller`'s abstract members
