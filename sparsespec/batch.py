@@ -127,7 +127,8 @@ class Sequence:
 
 class BatchGenerations(list):
     """One `Generation` per prompt, in order, plus the batch's own totals: `decode_s` (wall time
-    of the batched loop), `prefill_s` (the B prefills, run one by one), `batch_size`."""
+    of the batched loop; decoded one sequence at a time, the sum of the sequences'), `prefill_s`
+    (the B prefills, run one by one), `batch_size`."""
     decode_s: float = 0.0
     prefill_s: float = 0.0
     batch_size: int = 0
