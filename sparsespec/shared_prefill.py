@@ -3,7 +3,7 @@
 The prompt runs through the full model once. Each method's drafter may observe that forward (its
 `prefill_observers()`, e.g. SparseSpec-L's SnapKV-style observation window): the layer's SDPA output is
 computed once (`attention.ObservedPrefillHook`) and each observer gets the layer's (layer_idx, query,
-key, visible mask, scaling). What the forward leaves, `SharedPrefill`:
+key, visible mask, scaling). What the forward leaves, `SharedPrefill` (run by `SharedPrefill.run`):
 
 - the prompt's KV cache, which no method writes: each method decodes in its own copy of it (the
   loop's `BatchCache.load`), unless it is the only consumer (`exclusive`);
@@ -11,8 +11,8 @@ key, visible mask, scaling). What the forward leaves, `SharedPrefill`:
   own sampler (so sampled runs stay seeded per method);
 - the wall time of the forward, reported as every method's prefill time.
 
-`sparsespec.decode.prefill` builds the methods and runs this; `generate(..., prefilled=...)`
-decodes from it.
+`sparsespec.decode.prefill` builds the methods, runs this and hands each method its `Prefilled`
+(its start); `generate(..., prefilled=...)` decodes from that.
 
 A `PrefillMemo` keeps prefills past one call, so that runs in one process that decode the same
 prompts (the jobs of a batch-size sweep) prefill each prompt once. What it keeps is the forward's
@@ -44,6 +44,18 @@ class SharedPrefill:
     exclusive: bool = False           # one consumer: it decodes in `cache` itself, no copy
     reused: bool = False              # served by a `PrefillMemo`: `seconds` is the kept forward's time
 
+    @classmethod
+    def run(cls, model, prompt: torch.Tensor, observers: list, room: int = 0) -> "SharedPrefill":
+        """The prompt through the full model, once, with every observer. `room`: positions past the
+        prompt for its one consumer to decode in the same cache (0: shared, each consumer copies)."""
+        cache = PreallocatedCache(num_decoder_layers(model), prompt.numel() + room)
+        watch = Stopwatch(prompt.device)
+        with watch:
+            out = model(input_ids=prompt.view(1, -1), past_key_values=cache, use_cache=True,
+                        attn_hook=ObservedPrefillHook(observers) if observers else None, logits_to_keep=1)
+            logits = out.logits[0, -1]
+        return cls(prompt=prompt, cache=cache, logits=logits, seconds=watch.seconds, exclusive=room > 0)
+
 
 @dataclass
 class Prefilled:
@@ -56,17 +68,6 @@ class Prefilled:
     controller: object
     max_new_tokens: int
     used: bool = field(default=False)
-
-
-def run_prefill(model, prompt: torch.Tensor, observers: list, capacity: int, exclusive: bool) -> SharedPrefill:
-    """The prompt through the full model, once, with every observer: (SharedPrefill)."""
-    cache = PreallocatedCache(num_decoder_layers(model), capacity)
-    watch = Stopwatch(prompt.device)
-    with watch:
-        out = model(input_ids=prompt.view(1, -1), past_key_values=cache, use_cache=True,
-                    attn_hook=ObservedPrefillHook(observers) if observers else None, logits_to_keep=1)
-        logits = out.logits[0, -1]
-    return SharedPrefill(prompt=prompt, cache=cache, logits=logits, seconds=watch.seconds, exclusive=exclusive)
 
 
 # --- prefills kept across runs ----------------------------------------------------------------
@@ -153,11 +154,13 @@ class PrefillMemo:
     def key_of(self, model, prompt: torch.Tensor) -> tuple[str, str]:
         return self.model_key(model), hashlib.sha1(prompt.detach().cpu().numpy().tobytes()).hexdigest()
 
-    def prefill(self, model, prompt: torch.Tensor, observers: list, query_rows: int | None) -> SharedPrefill:
-        """The prompt's shared prefill, kept or run (and kept). `query_rows`: how many of the last
-        queries the observers read (None: all of them, so the prefill is run and not kept)."""
-        if self.max_bytes <= 0 or self._paused or query_rows is None:
-            return run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
+    def serve(self, model, prompt: torch.Tensor, observers: list, query_rows: int | None,
+              room: int = 0) -> SharedPrefill:
+        """The prompt's prefill, kept or run (and kept). `query_rows`: how many of the last queries
+        the observers read (None: all of them, so the prefill is run and not kept). `room` > 0: a
+        prefill its one consumer decodes in (`SharedPrefill.run`), so it is run and not kept."""
+        if self.max_bytes <= 0 or self._paused or query_rows is None or room > 0:
+            return SharedPrefill.run(model, prompt, observers, room)
         key = self.key_of(model, prompt)
         kept = self.kept.get(key)
         if kept is not None and kept.query_tail.rows >= query_rows:
@@ -170,7 +173,7 @@ class PrefillMemo:
         for other in [k for k in self.kept if k[0] != key[0] or k == key]:     # another model's, or too few rows
             del self.kept[other]
         recorder = QueryTailRecorder(max(query_rows, self.min_rows))
-        shared = run_prefill(model, prompt, [*observers, recorder], capacity=prompt.numel(), exclusive=False)
+        shared = SharedPrefill.run(model, prompt, [*observers, recorder])
         kept = KeptPrefill(shared, recorder)
         size = kept.nbytes
         if size <= self.max_bytes:

@@ -225,7 +225,7 @@ def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: RunCali
              len(profiles), time.perf_counter() - start, {e: c.threads for e, c in cost_priors.choices.items()})
 
 
-def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
+def prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
     """One prefill of `prompt` for the engine's decoders and the cost profiles (each at its own length)."""
     methods = {**engine, **{label: (job.method, job.options) for label, job in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
@@ -240,7 +240,7 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
-    starts = shared_prefill(model, input_ids, engine, profiles, max_new_tokens) if engine or profiles else {}
+    starts = prefill(model, input_ids, engine, profiles, max_new_tokens) if engine or profiles else {}
     measure_profiles(model, input_ids, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
     gens = {}
@@ -264,7 +264,7 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg
     cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
-    starts = [shared_prefill(model, p, decoders, profiles, max_new_tokens) for p in prompts]
+    starts = [prefill(model, p, decoders, profiles, max_new_tokens) for p in prompts]
     measure_profiles(model, prompts, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
     gens = {}
