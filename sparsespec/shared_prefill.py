@@ -24,6 +24,7 @@ forward, and reports the kept forward's time.
 from __future__ import annotations
 
 import hashlib
+import logging
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -32,7 +33,10 @@ from dataclasses import dataclass, field
 import torch
 from .attention import ObservedPrefillHook
 from .cache import PreallocatedCache, num_decoder_layers
+from .prefill_disk import PrefillDisk
 from .timing import Stopwatch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -105,24 +109,55 @@ class KeptPrefill:
             for observe in observers:
                 observe(layer, query, key, visible, scaling)
 
+    def fields(self) -> dict:
+        """What a file keeps of it (sparsespec/prefill_disk.py): tensors and numbers. The cache of a
+        kept prefill holds exactly the prompt's n positions, so its buffers are saved whole."""
+        s = self.shared
+        return {"prompt": s.prompt, "logits": s.logits, "seconds": s.seconds, "rows": self.query_tail.rows,
+                "kv": [(layer.keys, layer.values) for layer in s.cache.layers],
+                "query_tail": dict(self.query_tail.layers)}
+
+    @classmethod
+    def from_fields(cls, fields: dict, model, prompt: torch.Tensor) -> "KeptPrefill":
+        """The kept prefill of `prompt` that `fields()` saved; ValueError if they are of another prompt
+        or model shape."""
+        n, kv = prompt.numel(), fields["kv"]
+        if not torch.equal(fields["prompt"], prompt):
+            raise ValueError("the file holds another prompt")
+        if len(kv) != num_decoder_layers(model) or any(k.shape[2] != n or v.shape[2] != n for k, v in kv):
+            raise ValueError(f"the file's cache is not {num_decoder_layers(model)} layers of {n} positions")
+        cache = PreallocatedCache(len(kv), n)
+        for layer, (keys, values) in zip(cache.layers, kv):
+            layer.update(keys, values)
+        recorder = QueryTailRecorder(fields["rows"])
+        recorder.layers = dict(fields["query_tail"])
+        shared = SharedPrefill(prompt=prompt, cache=cache, logits=fields["logits"], seconds=fields["seconds"])
+        return cls(shared, recorder)
+
 
 class PrefillMemo:
     """Prefills kept for later runs in this process, the least recently used dropped first beyond
     `max_bytes` (0: keeps nothing). A prompt is found again by its ids and the model's identity (its
     config, name, dtype, device and a strided sample of every weight), so another model never matches;
     a prefill of another model drops the kept prefills of the previous one. The query-tail recorder
-    adds a copy of `min_rows` query rows per layer to the timed forward, nothing else."""
+    adds a copy of `min_rows` query rows per layer to the timed forward, nothing else.
 
-    def __init__(self, max_bytes: int = 0, min_rows: int = 64):
-        self.max_bytes = max_bytes
+    With `disk_dir`, prefills are also kept on disk under the same key, up to `disk_bytes`
+    (sparsespec/prefill_disk.py), so that later processes find them: a prompt missing here is looked
+    for there before a forward runs (`disk_hits` counts those found, and `hits` counts them too)."""
+
+    def __init__(self, max_bytes: int = 0, min_rows: int = 64, disk_dir=None, disk_bytes: int = 0):
         self.min_rows = min_rows      # query rows kept at least, so later observers with a wider window still fit
         self.kept: OrderedDict[tuple[str, str], KeptPrefill] = OrderedDict()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.disk_hits = 0
         self._paused = False
         self._fingerprints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.resize(max_bytes, disk_dir, disk_bytes)
 
-    def resize(self, max_bytes: int) -> None:
+    def resize(self, max_bytes: int, disk_dir=None, disk_bytes: int = 0) -> None:
+        """Keep up to `max_bytes` in memory, and up to `disk_bytes` in `disk_dir` (None: none on disk)."""
         self.max_bytes = max_bytes
+        self.disk = None if disk_dir is None else PrefillDisk(disk_dir, disk_bytes)
         self._evict(0)
 
     @contextmanager
@@ -159,27 +194,55 @@ class PrefillMemo:
         """The prompt's prefill, kept or run (and kept). `query_rows`: how many of the last queries
         the observers read (None: all of them, so the prefill is run and not kept). `room` > 0: a
         prefill its one consumer decodes in (`SharedPrefill.run`), so it is run and not kept."""
-        if self.max_bytes <= 0 or self._paused or query_rows is None or room > 0:
+        if (self.max_bytes <= 0 and self.disk is None) or self._paused or query_rows is None or room > 0:
             return SharedPrefill.run(model, prompt, observers, room)
         key = self.key_of(model, prompt)
         kept = self.kept.get(key)
         if kept is not None and kept.query_tail.rows >= query_rows:
             self.kept.move_to_end(key)
+        else:
+            kept = self._from_disk(key, model, prompt, query_rows)
+        if kept is not None:
             self.hits += 1
             kept.replay(observers)
             s = kept.shared
             return SharedPrefill(prompt=prompt, cache=s.cache, logits=s.logits, seconds=s.seconds, reused=True)
         self.misses += 1
-        for other in [k for k in self.kept if k[0] != key[0] or k == key]:     # another model's, or too few rows
-            del self.kept[other]
+        self._drop_stale(key)                          # before the forward, so their memory is free for it
         recorder = QueryTailRecorder(max(query_rows, self.min_rows))
         shared = SharedPrefill.run(model, prompt, [*observers, recorder])
         kept = KeptPrefill(shared, recorder)
+        self._keep(key, kept)
+        if self.disk is not None:
+            self.disk.save(key, kept.fields(), kept.nbytes)
+        return shared
+
+    def _from_disk(self, key: tuple[str, str], model, prompt: torch.Tensor, query_rows: int) -> KeptPrefill | None:
+        """The prompt's prefill from the disk, kept here too; None if none there has `query_rows` rows."""
+        fields = None if self.disk is None else self.disk.load(key, prompt.device)
+        if fields is None or fields["rows"] < query_rows:
+            return None
+        try:
+            kept = KeptPrefill.from_fields(fields, model, prompt)
+        except ValueError as error:
+            log.warning("prefill cache: ignoring %s: %s; prefilling again", self.disk.path_of(key), error)
+            return None
+        self.disk_hits += 1
+        self._keep(key, kept)
+        return kept
+
+    def _drop_stale(self, key: tuple[str, str]) -> None:
+        """Drop another model's prefills, and this key's (too few rows)."""
+        for other in [k for k in self.kept if k[0] != key[0] or k == key]:
+            del self.kept[other]
+
+    def _keep(self, key: tuple[str, str], kept: KeptPrefill) -> None:
+        """Keep `kept` in memory if it fits."""
+        self._drop_stale(key)
         size = kept.nbytes
         if size <= self.max_bytes:
             self._evict(size)
             self.kept[key] = kept
-        return shared
 
     def _evict(self, room: int) -> None:
         """Drop the least recently used until `room` more bytes fit."""
