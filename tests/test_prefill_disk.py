@@ -134,3 +134,25 @@ def test_the_key_follows_the_weights_and_the_prompt(tmp_path, prefill_forwards):
     for m, p in [(model, prompt), (other_model, prompt), (model, changed)]:
         sparsespec.prefill(m, p, methods=methods, max_new_tokens=8, memo=PrefillMemo(disk_dir=tmp_path, disk_bytes=GIB))
     assert len(forwards) == 3 and len(files(tmp_path)) == 3                   # none served another's
+
+
+@pytest.mark.slow   # the harness in-process, twice
+def test_a_later_run_of_the_harness_takes_its_prefills_from_the_cache_folder(harness_run, tmp_path, monkeypatch,
+                                                                              prefill_forwards):
+    """`prefill_cache_dir`: a second run (a new memo, as in a new process) of another method on the
+    same prompts runs no prefill forward, says so in its summary, and stays lossless."""
+    import sparsespec.harness.runner as runner
+    run, _, prompts = harness_run
+    forwards = prefill_forwards
+    common = ("num_prompts=3", "warmup=false", "cost_profile=false", f"prefill_cache_dir={tmp_path / 'cache'}")
+    monkeypatch.setattr(runner, "PREFILL_MEMO", PrefillMemo())
+    first = run(tmp_path / "first", *common, "bench.methods=['snapkv_static:k=3,budget=0.3']")
+    assert len(forwards) == 3 and len(files(tmp_path / "cache")) == 3
+    monkeypatch.setattr(runner, "PREFILL_MEMO", PrefillMemo())                 # the next process
+    second = run(tmp_path / "second", *common, "bench.methods=['streaming:k=3,budget=0.3']")
+    assert len(forwards) == 3                                                  # none ran
+    for entry, summary in first.items():
+        assert summary["run"]["prefills_from_disk"] == 0
+    for entry, summary in second.items():
+        assert summary["run"]["prefills_from_disk"] == summary["run"]["prefills_reused"] == 3, entry
+    assert second["streaming:k=3,budget=0.3"]["metrics"]["outputs_match_ar"] == 1.0

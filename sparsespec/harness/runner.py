@@ -417,6 +417,7 @@ def open_results(run: MethodRun, device: str) -> None:
 
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
                shared_with: list[str], bench: dict | None, cost_prior=None, prefills_reused: int = 0,
+               prefills_from_disk: int = 0,
                thread_choice=None, load: dict | None = None) -> dict:
     cfg = run.cfg
     prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
@@ -429,6 +430,7 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
                 "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
                 "prefills_reused": 0 if hf_reference.is_reference(run.method) else prefills_reused,
+                "prefills_from_disk": 0 if hf_reference.is_reference(run.method) else prefills_from_disk,
                 "batch_size": batch_size(cfg),
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "threads": thread_choice.as_dict() if thread_choice else None, "load": load,
@@ -466,8 +468,8 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
         open_results(method_run, device)
     torch.manual_seed(cfg.seed)
     busy_before = environment.cpu_busy_fraction()
-    PREFILL_MEMO.resize(int(cfg.prefill_memo_gb * 2**30))
-    hits_before = PREFILL_MEMO.hits
+    PREFILL_MEMO.resize(int(cfg.prefill_memo_gb * 2**30), cfg.prefill_cache_dir, int(cfg.prefill_cache_gb * 2**30))
+    hits_before, disk_hits_before = PREFILL_MEMO.hits, PREFILL_MEMO.disk_hits
 
     model, tokenizer, prompts = load_inputs(cfg, device)
     pending = [p for p in prompts if not all(r.done(p) for r in runs)]
@@ -501,6 +503,7 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
             summary = summary_of(method_run, samples, device=device, model=model, warnings=warnings, started=started,
                                  shared_with=shared_with, bench=bench, cost_prior=cost_priors.get(method_run.entry),
                                  prefills_reused=PREFILL_MEMO.hits - hits_before,
+                                 prefills_from_disk=PREFILL_MEMO.disk_hits - disk_hits_before,
                                  thread_choice=cost_priors.choices.get(AR if method_run.method == AR else method_run.entry),
                                  load=load)
             write_json(method_run.folder / SUMMARY, summary)
