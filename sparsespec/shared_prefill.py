@@ -19,7 +19,11 @@ prompts (the jobs of a batch-size sweep) prefill each prompt once. What it keeps
 results and what the observers read of it: per layer, the last queries (every observer reads an
 observation window of them, declared by its drafter's `prefill_query_rows()`) and their mask rows;
 the keys are the cache's. A later prefill of the prompt replays the observers on those, without a
-forward, and reports the kept forward's time.
+forward, and reports the kept forward's time. With a folder (`disk_dir`), it keeps the same on disk
+for later processes (sparsespec/prefill_disk.py).
+
+Names, one per concept: `prefill` (the act, sparsespec/decode.py), `SharedPrefill` (one prompt's
+forward), `Prefilled` (one method's start from it), `PrefillMemo` and its `KeptPrefill` entries.
 """
 from __future__ import annotations
 
