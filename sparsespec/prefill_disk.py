@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".prefill.pt"
 FORMAT = 1          # the stored fields' version: a file of another version is ignored and rewritten
+STALE_S = 3600      # a temporary file this old was left by a writer that died: no write takes an hour
 
 
 class PrefillDisk:
@@ -75,8 +77,13 @@ class PrefillDisk:
         self.evict()
 
     def evict(self) -> None:
-        """Delete the least recently used files until the folder's prefill files fit `max_bytes`."""
+        """Delete the least recently used files until the folder's prefill files fit `max_bytes`, and
+        temporary files left by writers that died."""
         with FileLock(self.folder / ".lock"):
+            for path in self.folder.glob(".*" + SUFFIX + ".*.tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    if time.time() - path.stat().st_mtime > STALE_S:
+                        path.unlink()
             files = []
             for path in self.folder.glob("*" + SUFFIX):
                 with contextlib.suppress(FileNotFoundError):

@@ -5,6 +5,7 @@ recently used files going first; the key follows the weights and the prompt."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt, slow_but
-from sparsespec.prefill_disk import SUFFIX
+from sparsespec.prefill_disk import STALE_S, SUFFIX
 from sparsespec.shared_prefill import PrefillMemo
 
 NEW = 20
@@ -115,7 +116,11 @@ def test_the_folder_keeps_its_cap_dropping_the_least_recently_used(tmp_path, pre
     names = {p.name for p in files(tmp_path)}
     assert names == {one.disk.path_of(one.key_of(model, p)).name for p in (prompts[0], prompts[2])}
     assert one.disk.nbytes <= cap and len(forwards) == 3
-    small = prefill(prompt_with_repeat(seed=4), size // 2)   # a smaller cap: the folder shrinks to it, and a
+    dead, writing = tmp_path / f".x{SUFFIX}.1.tmp", tmp_path / f".y{SUFFIX}.2.tmp"   # a died writer's, a live one's
+    dead.write_bytes(b"x"), writing.write_bytes(b"y")
+    os.utime(dead, (time.time() - 2 * STALE_S,) * 2)
+    small = prefill(prompt_with_repeat(seed=4), size // 2)
+    assert not dead.exists() and writing.exists()   # a smaller cap: the folder shrinks to it, and a
     assert small.disk.nbytes == 0 and len(forwards) == 4     # prefill larger than the cap is not written
 
 
