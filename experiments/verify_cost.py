@@ -36,7 +36,7 @@ from sparsespec.attention import (ExplicitAttentionHook, apply_probs, attention_
 from sparsespec.logits import target_logits  # noqa: E402
 from sparsespec.harness.environment import cpu_name  # noqa: E402
 from sparsespec.models import load_model  # noqa: E402
-from sparsespec.shared_prefill import run_prefill  # noqa: E402
+from sparsespec.shared_prefill import SharedPrefill  # noqa: E402
 from sparsespec.tables import markdown_table  # noqa: E402
 
 
@@ -131,7 +131,7 @@ def verification_forwards(model, ctx: int, rows: list[int], repeats: int) -> tup
     vocab = model.get_input_embeddings().num_embeddings
     prompt = torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(0))
     with sparsespec_attention(model), torch.inference_mode():
-        shared = run_prefill(model, prompt, [], capacity=ctx + max(rows) + 1, exclusive=True)
+        shared = SharedPrefill.run(model, prompt, [], room=max(rows) + 1)
         cache = shared.cache                                  # its own: room for the rows
 
         def forward(q, hook):

@@ -12,6 +12,11 @@
 Autoregressive decoding is this loop with k = 0: every round is one forward of one token. One prompt
 is a batch of one: here the inputs are checked, each prompt prefilled (or its shared prefill taken),
 and the loop decodes them.
+
+Prefill names, one per concept: `prefill` (the act, for one or several methods), `SharedPrefill`
+(one prompt's forward: its cache, logits and time), `Prefilled` (one method's start from it, what
+`generate(prefilled=...)` takes), `PrefillMemo` and its `KeptPrefill` entries (prefills kept for
+later runs; sparsespec/shared_prefill.py).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from .errors import ConfigError
 from .generation import Generation
 from .method_options import build_method
 from .sampling import Sampler
-from .shared_prefill import PrefillMemo, Prefilled, run_prefill
+from .shared_prefill import PrefillMemo, Prefilled
 
 
 def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
@@ -67,18 +72,29 @@ def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_t
     runs; the drafters observe the kept one) and keeps it for later ones."""
     prompt = prompt_of(model, input_ids)
     lengths = {label: (lengths or {}).get(label, max_new_tokens) for label in methods}
-    built = {label: build_method(model, prompt.numel(), method, lengths[label], dict(options))
-             for label, (method, options) in methods.items()}
-    observers = [o for drafter, _, _ in built.values() for o in drafter.prefill_observers()]
-    rows = [drafter.prefill_query_rows() for drafter, _, _ in built.values()]
+    built = {label: (method, *build_method(model, prompt.numel(), method, lengths[label], dict(options)),
+                     lengths[label]) for label, (method, options) in methods.items()}
+    return prefill_built(model, prompt, built, memo=memo)
+
+
+def prefill_built(model, prompt: torch.Tensor, built: dict[str, tuple], *, memo: PrefillMemo | None = None,
+                  in_place: bool = False) -> dict[str, Prefilled]:
+    """One prefill of `prompt` (served by `memo`, or run), every built method's drafter observing it,
+    and each label's start from it. `built`: label -> (method, drafter, controller, options,
+    max_new_tokens). `in_place`: one method, with room after the prompt for its decoding too, so that
+    a batch of one decodes in the prefill's cache without a copy."""
+    room = 0
+    if in_place:                                   # room for the one method's output + one round of drafts
+        (_, _, controller, _, length), = built.values()
+        room = length + controller.max_k + 2
+    observers = [o for _, drafter, _, _, _ in built.values() for o in drafter.prefill_observers()]
+    rows = [drafter.prefill_query_rows() for _, drafter, _, _, _ in built.values()]
     with sparsespec_attention(model):
-        if memo is None:
-            shared = run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
-        else:
-            shared = memo.prefill(model, prompt, observers, None if None in rows else max(rows, default=0))
-    return {label: Prefilled(shared=shared, method=methods[label][0], options=options, drafter=drafter,
-                             controller=controller, max_new_tokens=lengths[label])
-            for label, (drafter, controller, options) in built.items()}
+        memo = PrefillMemo() if memo is None else memo          # an empty memo runs the forward
+        shared = memo.serve(model, prompt, observers, None if None in rows else max(rows, default=0), room)
+    return {label: Prefilled(shared=shared, method=method, options=options, drafter=drafter, controller=controller,
+                             max_new_tokens=length)
+            for label, (method, drafter, controller, options, length) in built.items()}
 
 
 def check_prefilled(prefilled: Prefilled, prompt: torch.Tensor, method, max_new_tokens, options: dict) -> None:
@@ -144,8 +160,8 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
         max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
         built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
         alone = len(prompts) == 1 or not built[0][0].batchable    # each sequence decodes in its own prefill's cache
-        starts = [prefill_alone(model, p, drafter, controller, resolved, max_new_tokens, method=method,
-                                in_place=alone) for p, (drafter, controller, resolved) in zip(prompts, built)]
+        starts = [prefill_built(model, p, {method: (method, drafter, controller, resolved, max_new_tokens)},
+                                in_place=alone)[method] for p, (drafter, controller, resolved) in zip(prompts, built)]
     else:
         starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
     warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
@@ -167,21 +183,9 @@ def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_token
     return starts
 
 
-def prefill_alone(model, prompt: torch.Tensor, drafter, controller, options: dict, max_new_tokens: int, *,
-                  method: str, in_place: bool) -> Prefilled:
-    """The prefill of `prompt` for one built drafter and controller (not shared), its drafter
-    observing. `in_place`: with room for the decoding too, so that a batch of one decodes in it
-    without a copy."""
-    room = max_new_tokens + controller.max_k + 2 if in_place else 0     # output + one round of drafts
-    with sparsespec_attention(model):
-        shared = run_prefill(model, prompt, drafter.prefill_observers(), capacity=prompt.numel() + room,
-                             exclusive=True)
-    return Prefilled(shared=shared, method=method, options=options, drafter=drafter, controller=controller,
-                     max_new_tokens=max_new_tokens)
-
-
 def decode(model, prompt: torch.Tensor, drafter, controller, sampler: Sampler, max_new_tokens: int,
            stop_ids: set[int]) -> Generation:
     """Prefill and decode one prompt with a drafter and controller built by hand (tests, new drafters)."""
-    start = prefill_alone(model, prompt, drafter, controller, {}, max_new_tokens, method=drafter.name, in_place=True)
+    start = prefill_built(model, prompt, {drafter.name: (drafter.name, drafter, controller, {}, max_new_tokens)},
+                          in_place=True)[drafter.name]
     return batch.decode(model, [start], sampler, stop_ids)[0]

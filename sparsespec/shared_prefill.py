@@ -3,7 +3,7 @@
 The prompt runs through the full model once. Each method's drafter may observe that forward (its
 `prefill_observers()`, e.g. SparseSpec-L's SnapKV-style observation window): the layer's SDPA output is
 computed once (`attention.ObservedPrefillHook`) and each observer gets the layer's (layer_idx, query,
-key, visible mask, scaling). What the forward leaves, `SharedPrefill`:
+key, visible mask, scaling). What the forward leaves, `SharedPrefill` (run by `SharedPrefill.run`):
 
 - the prompt's KV cache, which no method writes: each method decodes in its own copy of it (the
   loop's `BatchCache.load`), unless it is the only consumer (`exclusive`);
@@ -11,19 +11,24 @@ key, visible mask, scaling). What the forward leaves, `SharedPrefill`:
   own sampler (so sampled runs stay seeded per method);
 - the wall time of the forward, reported as every method's prefill time.
 
-`sparsespec.decode.prefill` builds the methods and runs this; `generate(..., prefilled=...)`
-decodes from it.
+`sparsespec.decode.prefill` builds the methods, runs this and hands each method its `Prefilled`
+(its start); `generate(..., prefilled=...)` decodes from that.
 
 A `PrefillMemo` keeps prefills past one call, so that runs in one process that decode the same
 prompts (the jobs of a batch-size sweep) prefill each prompt once. What it keeps is the forward's
 results and what the observers read of it: per layer, the last queries (every observer reads an
 observation window of them, declared by its drafter's `prefill_query_rows()`) and their mask rows;
 the keys are the cache's. A later prefill of the prompt replays the observers on those, without a
-forward, and reports the kept forward's time.
+forward, and reports the kept forward's time. With a folder (`disk_dir`), it keeps the same on disk
+for later processes (sparsespec/prefill_disk.py).
+
+Names, one per concept: `prefill` (the act, sparsespec/decode.py), `SharedPrefill` (one prompt's
+forward), `Prefilled` (one method's start from it), `PrefillMemo` and its `KeptPrefill` entries.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -32,7 +37,10 @@ from dataclasses import dataclass, field
 import torch
 from .attention import ObservedPrefillHook
 from .cache import PreallocatedCache, num_decoder_layers
+from .prefill_disk import PrefillDisk
 from .timing import Stopwatch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +51,18 @@ class SharedPrefill:
     seconds: float                    # wall time of the one forward (synchronised on GPU)
     exclusive: bool = False           # one consumer: it decodes in `cache` itself, no copy
     reused: bool = False              # served by a `PrefillMemo`: `seconds` is the kept forward's time
+
+    @classmethod
+    def run(cls, model, prompt: torch.Tensor, observers: list, room: int = 0) -> "SharedPrefill":
+        """The prompt through the full model, once, with every observer. `room`: positions past the
+        prompt for its one consumer to decode in the same cache (0: shared, each consumer copies)."""
+        cache = PreallocatedCache(num_decoder_layers(model), prompt.numel() + room)
+        watch = Stopwatch(prompt.device)
+        with watch:
+            out = model(input_ids=prompt.view(1, -1), past_key_values=cache, use_cache=True,
+                        attn_hook=ObservedPrefillHook(observers) if observers else None, logits_to_keep=1)
+            logits = out.logits[0, -1]
+        return cls(prompt=prompt, cache=cache, logits=logits, seconds=watch.seconds, exclusive=room > 0)
 
 
 @dataclass
@@ -56,17 +76,6 @@ class Prefilled:
     controller: object
     max_new_tokens: int
     used: bool = field(default=False)
-
-
-def run_prefill(model, prompt: torch.Tensor, observers: list, capacity: int, exclusive: bool) -> SharedPrefill:
-    """The prompt through the full model, once, with every observer: (SharedPrefill)."""
-    cache = PreallocatedCache(num_decoder_layers(model), capacity)
-    watch = Stopwatch(prompt.device)
-    with watch:
-        out = model(input_ids=prompt.view(1, -1), past_key_values=cache, use_cache=True,
-                    attn_hook=ObservedPrefillHook(observers) if observers else None, logits_to_keep=1)
-        logits = out.logits[0, -1]
-    return SharedPrefill(prompt=prompt, cache=cache, logits=logits, seconds=watch.seconds, exclusive=exclusive)
 
 
 # --- prefills kept across runs ----------------------------------------------------------------
@@ -104,24 +113,55 @@ class KeptPrefill:
             for observe in observers:
                 observe(layer, query, key, visible, scaling)
 
+    def fields(self) -> dict:
+        """What a file keeps of it (sparsespec/prefill_disk.py): tensors and numbers. The cache of a
+        kept prefill holds exactly the prompt's n positions, so its buffers are saved whole."""
+        s = self.shared
+        return {"prompt": s.prompt, "logits": s.logits, "seconds": s.seconds, "rows": self.query_tail.rows,
+                "kv": [(layer.keys, layer.values) for layer in s.cache.layers],
+                "query_tail": dict(self.query_tail.layers)}
+
+    @classmethod
+    def from_fields(cls, fields: dict, model, prompt: torch.Tensor) -> "KeptPrefill":
+        """The kept prefill of `prompt` that `fields()` saved; ValueError if they are of another prompt
+        or model shape."""
+        n, kv = prompt.numel(), fields["kv"]
+        if not torch.equal(fields["prompt"], prompt):
+            raise ValueError("the file holds another prompt")
+        if len(kv) != num_decoder_layers(model) or any(k.shape[2] != n or v.shape[2] != n for k, v in kv):
+            raise ValueError(f"the file's cache is not {num_decoder_layers(model)} layers of {n} positions")
+        cache = PreallocatedCache(len(kv), n)
+        for layer, (keys, values) in zip(cache.layers, kv):
+            layer.update(keys, values)
+        recorder = QueryTailRecorder(fields["rows"])
+        recorder.layers = dict(fields["query_tail"])
+        shared = SharedPrefill(prompt=prompt, cache=cache, logits=fields["logits"], seconds=fields["seconds"])
+        return cls(shared, recorder)
+
 
 class PrefillMemo:
     """Prefills kept for later runs in this process, the least recently used dropped first beyond
     `max_bytes` (0: keeps nothing). A prompt is found again by its ids and the model's identity (its
     config, name, dtype, device and a strided sample of every weight), so another model never matches;
     a prefill of another model drops the kept prefills of the previous one. The query-tail recorder
-    adds a copy of `min_rows` query rows per layer to the timed forward, nothing else."""
+    adds a copy of `min_rows` query rows per layer to the timed forward, nothing else.
 
-    def __init__(self, max_bytes: int = 0, min_rows: int = 64):
-        self.max_bytes = max_bytes
+    With `disk_dir`, prefills are also kept on disk under the same key, up to `disk_bytes`
+    (sparsespec/prefill_disk.py), so that later processes find them: a prompt missing here is looked
+    for there before a forward runs (`disk_hits` counts those found, and `hits` counts them too)."""
+
+    def __init__(self, max_bytes: int = 0, min_rows: int = 64, disk_dir=None, disk_bytes: int = 0):
         self.min_rows = min_rows      # query rows kept at least, so later observers with a wider window still fit
         self.kept: OrderedDict[tuple[str, str], KeptPrefill] = OrderedDict()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.disk_hits = 0
         self._paused = False
         self._fingerprints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.resize(max_bytes, disk_dir, disk_bytes)
 
-    def resize(self, max_bytes: int) -> None:
+    def resize(self, max_bytes: int, disk_dir=None, disk_bytes: int = 0) -> None:
+        """Keep up to `max_bytes` in memory, and up to `disk_bytes` in `disk_dir` (None: none on disk)."""
         self.max_bytes = max_bytes
+        self.disk = None if disk_dir is None else PrefillDisk(disk_dir, disk_bytes)
         self._evict(0)
 
     @contextmanager
@@ -153,30 +193,60 @@ class PrefillMemo:
     def key_of(self, model, prompt: torch.Tensor) -> tuple[str, str]:
         return self.model_key(model), hashlib.sha1(prompt.detach().cpu().numpy().tobytes()).hexdigest()
 
-    def prefill(self, model, prompt: torch.Tensor, observers: list, query_rows: int | None) -> SharedPrefill:
-        """The prompt's shared prefill, kept or run (and kept). `query_rows`: how many of the last
-        queries the observers read (None: all of them, so the prefill is run and not kept)."""
-        if self.max_bytes <= 0 or self._paused or query_rows is None:
-            return run_prefill(model, prompt, observers, capacity=prompt.numel(), exclusive=False)
+    def serve(self, model, prompt: torch.Tensor, observers: list, query_rows: int | None,
+              room: int = 0) -> SharedPrefill:
+        """The prompt's prefill, kept or run (and kept). `query_rows`: how many of the last queries
+        the observers read (None: all of them, so the prefill is run and not kept). `room` > 0: a
+        prefill its one consumer decodes in (`SharedPrefill.run`), so it is run and not kept."""
+        if (self.max_bytes <= 0 and self.disk is None) or self._paused or query_rows is None or room > 0:
+            return SharedPrefill.run(model, prompt, observers, room)
         key = self.key_of(model, prompt)
         kept = self.kept.get(key)
         if kept is not None and kept.query_tail.rows >= query_rows:
             self.kept.move_to_end(key)
+        else:
+            kept = self._from_disk(key, model, prompt, query_rows)
+        if kept is not None:
             self.hits += 1
             kept.replay(observers)
             s = kept.shared
             return SharedPrefill(prompt=prompt, cache=s.cache, logits=s.logits, seconds=s.seconds, reused=True)
         self.misses += 1
-        for other in [k for k in self.kept if k[0] != key[0] or k == key]:     # another model's, or too few rows
-            del self.kept[other]
+        self._drop_stale(key)                          # before the forward, so their memory is free for it
         recorder = QueryTailRecorder(max(query_rows, self.min_rows))
-        shared = run_prefill(model, prompt, [*observers, recorder], capacity=prompt.numel(), exclusive=False)
+        shared = SharedPrefill.run(model, prompt, [*observers, recorder])
         kept = KeptPrefill(shared, recorder)
+        self._keep(key, kept)
+        if self.disk is not None:
+            self.disk.save(key, kept.fields(), kept.nbytes)
+        return shared
+
+    def _from_disk(self, key: tuple[str, str], model, prompt: torch.Tensor, query_rows: int) -> KeptPrefill | None:
+        """The prompt's prefill from the disk, kept here too; None if none there has `query_rows` rows."""
+        fields = None if self.disk is None else self.disk.load(key, prompt.device)
+        if fields is None or fields["rows"] < query_rows:
+            return None
+        try:
+            kept = KeptPrefill.from_fields(fields, model, prompt)
+        except ValueError as error:
+            log.warning("prefill cache: ignoring %s: %s; prefilling again", self.disk.path_of(key), error)
+            return None
+        self.disk_hits += 1
+        self._keep(key, kept)
+        return kept
+
+    def _drop_stale(self, key: tuple[str, str]) -> None:
+        """Drop another model's prefills, and this key's (too few rows)."""
+        for other in [k for k in self.kept if k[0] != key[0] or k == key]:
+            del self.kept[other]
+
+    def _keep(self, key: tuple[str, str], kept: KeptPrefill) -> None:
+        """Keep `kept` in memory if it fits."""
+        self._drop_stale(key)
         size = kept.nbytes
         if size <= self.max_bytes:
             self._evict(size)
             self.kept[key] = kept
-        return shared
 
     def _evict(self, room: int) -> None:
         """Drop the least recently used until `room` more bytes fit."""

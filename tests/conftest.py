@@ -98,16 +98,14 @@ def lines_printed_offline(code: str) -> list[str]:
 @pytest.fixture
 def prefill_forwards(monkeypatch):
     """The prompt lengths of every prefill forward run from here on (the memo's and decode's)."""
-    import sparsespec.decode as decode
-    import sparsespec.shared_prefill as shared_prefill
+    from sparsespec.shared_prefill import SharedPrefill
     seen = []
-    run = shared_prefill.run_prefill
+    run = SharedPrefill.run
 
-    def counting(model, prompt, *args, **kwargs):
+    def counting(cls, model, prompt, *args, **kwargs):
         seen.append(prompt.numel())
         return run(model, prompt, *args, **kwargs)
-    monkeypatch.setattr(shared_prefill, "run_prefill", counting)
-    monkeypatch.setattr(decode, "run_prefill", counting)
+    monkeypatch.setattr(SharedPrefill, "run", classmethod(counting))
     return seen
 
 

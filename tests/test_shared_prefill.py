@@ -150,5 +150,5 @@ def test_the_memo_misses_another_model_a_wider_window_and_anything_past_its_byte
     assert not memo.kept and memo.hits == 1 and len(forwards) == 5
 
     with sparsespec_attention(model):                      # observers that may read every query: never kept
-        PrefillMemo(max_bytes=2**30).prefill(model, prompt.view(-1), [lambda *a: None], query_rows=None)
+        PrefillMemo(max_bytes=2**30).serve(model, prompt.view(-1), [lambda *a: None], query_rows=None)
     assert len(forwards) == 6

@@ -82,6 +82,11 @@ def check_numbers(cfg: DictConfig) -> None:
             raise ConfigError(f"{name}={cfg[name]!r} must be true or false")
     if not accepts(float, cfg.prefill_memo_gb) or cfg.prefill_memo_gb < 0:
         raise ConfigError(f"prefill_memo_gb={cfg.prefill_memo_gb!r} must be a number of GiB >= 0 (0 keeps no prefill)")
+    if not accepts(float, cfg.prefill_cache_gb) or cfg.prefill_cache_gb < 0:
+        raise ConfigError(f"prefill_cache_gb={cfg.prefill_cache_gb!r} must be a number of GiB >= 0 (0 keeps no file)")
+    folder = cfg.prefill_cache_dir
+    if folder is not None and (not isinstance(folder, str) or not folder or Path(folder).expanduser().is_file()):
+        raise ConfigError(f"prefill_cache_dir={folder!r} must be null (off) or a folder's path, not a file's")
     if not accepts(float, cfg.temperature) or cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature!r} must be a finite number >= 0 (0 means greedy)")
     if not accepts(float, cfg.top_p) or not 0.0 < cfg.top_p <= 1.0:

@@ -225,7 +225,7 @@ def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: RunCali
              len(profiles), time.perf_counter() - start, {e: c.threads for e, c in cost_priors.choices.items()})
 
 
-def shared_prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
+def prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) -> dict:
     """One prefill of `prompt` for the engine's decoders and the cost profiles (each at its own length)."""
     methods = {**engine, **{label: (job.method, job.options) for label, job in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
@@ -240,7 +240,7 @@ def decode_prompt(model, input_ids, decoders: dict[str, tuple[str, dict]], cfg: 
     cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
-    starts = shared_prefill(model, input_ids, engine, profiles, max_new_tokens) if engine or profiles else {}
+    starts = prefill(model, input_ids, engine, profiles, max_new_tokens) if engine or profiles else {}
     measure_profiles(model, input_ids, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
     gens = {}
@@ -264,7 +264,7 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], cfg
     cost_priors = RunCalibration() if cost_priors is None else cost_priors
     profiles = profiles or {}
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
-    starts = [shared_prefill(model, p, decoders, profiles, max_new_tokens) for p in prompts]
+    starts = [prefill(model, p, decoders, profiles, max_new_tokens) for p in prompts]
     measure_profiles(model, prompts, starts, profiles, cost_priors)
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, stop_at_eos=cfg.stop_at_eos)
     gens = {}
@@ -417,6 +417,7 @@ def open_results(run: MethodRun, device: str) -> None:
 
 def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warnings: list[str], started: str,
                shared_with: list[str], bench: dict | None, cost_prior=None, prefills_reused: int = 0,
+               prefills_from_disk: int = 0,
                thread_choice=None, load: dict | None = None) -> dict:
     cfg = run.cfg
     prefill_shared = not hf_reference.is_reference(run.method) and len(shared_with) > 1
@@ -429,6 +430,7 @@ def summary_of(run: MethodRun, samples: list[dict], *, device: str, model, warni
                 "device": device, "output_dir": str(run.folder), "resumed": run.resumed, "warnings": warnings,
                 "prefill_shared": prefill_shared, "prefill_shared_with": shared_with if prefill_shared else [],
                 "prefills_reused": 0 if hf_reference.is_reference(run.method) else prefills_reused,
+                "prefills_from_disk": 0 if hf_reference.is_reference(run.method) else prefills_from_disk,
                 "batch_size": batch_size(cfg),
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "threads": thread_choice.as_dict() if thread_choice else None, "load": load,
@@ -466,8 +468,8 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
         open_results(method_run, device)
     torch.manual_seed(cfg.seed)
     busy_before = environment.cpu_busy_fraction()
-    PREFILL_MEMO.resize(int(cfg.prefill_memo_gb * 2**30))
-    hits_before = PREFILL_MEMO.hits
+    PREFILL_MEMO.resize(int(cfg.prefill_memo_gb * 2**30), cfg.prefill_cache_dir, int(cfg.prefill_cache_gb * 2**30))
+    hits_before, disk_hits_before = PREFILL_MEMO.hits, PREFILL_MEMO.disk_hits
 
     model, tokenizer, prompts = load_inputs(cfg, device)
     pending = [p for p in prompts if not all(r.done(p) for r in runs)]
@@ -501,6 +503,7 @@ def run_in_held_folder(cfg: DictConfig, folder: Path, runs: list[MethodRun], *, 
             summary = summary_of(method_run, samples, device=device, model=model, warnings=warnings, started=started,
                                  shared_with=shared_with, bench=bench, cost_prior=cost_priors.get(method_run.entry),
                                  prefills_reused=PREFILL_MEMO.hits - hits_before,
+                                 prefills_from_disk=PREFILL_MEMO.disk_hits - disk_hits_before,
                                  thread_choice=cost_priors.choices.get(AR if method_run.method == AR else method_run.entry),
                                  load=load)
             write_json(method_run.folder / SUMMARY, summary)
