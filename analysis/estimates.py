@@ -67,6 +67,17 @@ class Estimate:
 NONE = Estimate(None, None, None, 0, 0)
 
 
+def from_columns(ratio, low, high, n, cells: int = 1) -> Estimate:
+    """An Estimate back from a table's columns, to print it with `text()`: a missing (NaN) ratio is no
+    estimate, a missing low or high no interval."""
+    missing = lambda x: x is None or (isinstance(x, float) and math.isnan(x))   # noqa: E731
+    if missing(ratio):
+        return NONE
+    if missing(low) or missing(high):
+        return Estimate(float(ratio), None, None, 0 if missing(n) else int(n), cells)
+    return Estimate(float(ratio), float(low), float(high), 0 if missing(n) else int(n), cells)
+
+
 def verdict(estimate: Estimate) -> str:
     """reproduced (interval above 1), contradicted (interval below 1), inconclusive (it holds 1, or
     there is no interval), not measurable here (no estimate)."""
