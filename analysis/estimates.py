@@ -63,6 +63,10 @@ class Estimate:
     def verdict(self) -> str:
         return verdict(self)
 
+    def columns(self) -> tuple[float, float, float]:
+        """(ratio, low, high) for a table's columns, NaN where missing (`from_columns` reads them back)."""
+        return tuple(math.nan if x is None else x for x in (self.ratio, self.low, self.high))
+
 
 NONE = Estimate(None, None, None, 0, 0)
 

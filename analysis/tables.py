@@ -63,10 +63,8 @@ def method_comparison(df: pd.DataFrame) -> pd.DataFrame:
 def speedup_columns(speedups: pd.Series) -> dict:
     """speedup, speedup_ci95_low/high (geometric mean, log-scale 95% interval; NaN without one) and
     log_speedup_std (the spread of the log ratios; NaN below two prompts)."""
-    est = geometric(speedups)
     logs = np.log(speedups.dropna().astype(float))
-    nan = lambda x: math.nan if x is None else x        # noqa: E731
-    return {"speedup": nan(est.ratio), "speedup_ci95_low": nan(est.low), "speedup_ci95_high": nan(est.high),
+    return {**dict(zip(("speedup", "speedup_ci95_low", "speedup_ci95_high"), geometric(speedups).columns())),
             "log_speedup_std": logs.std() if len(logs) > 1 else math.nan}
 
 

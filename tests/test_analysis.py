@@ -350,7 +350,7 @@ def test_predicted_ratio_is_the_controllers_objective():
 # ---------------------------------------------------------------- figures and tables
 
 def test_every_figure_is_written_as_png_and_pdf(figures_out):
-    for name in FIGURES:
+    for name in set(FIGURES) - {"speedup_vs_depth"}:      # retrieval only: tests/test_analysis_retrieval.py
         stem = f"{name}__{MODEL}__{TASK}"
         for ext in ("png", "pdf"):
             path = figures_out / f"{stem}.{ext}"
