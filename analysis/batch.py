@@ -8,8 +8,9 @@ per-sequence part.
 Writes <results>/batch.md (both tables), <results>/figures/batch_scaling.{png,pdf} and the block
 between `<!-- batch:begin -->` and `<!-- batch:end -->` in docs/benchmark.md. No number is typed by hand.
 
-Batch size 1 runs take the single-sequence path; their speed-up is the mean over prompts, a batch's
-the mean over batches of each batch's throughput ratio (both with a Student-t 95% interval).
+Batch size 1 runs take the single-sequence path; their speed-up is the geometric mean over prompts, a
+batch's the geometric mean over batches of each batch's throughput ratio to batched AR (both with a
+Student-t 95% interval on the log scale, `analysis.estimates`).
 
 The cost split. A batched step reads the weights once for the whole batch and each sequence's KV for
 that sequence, so each measured cost is modelled as C(B) = W + B * K: W the per-step part (weights,
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import estimates
 from analysis.claims import report_arguments, write_report
 from analysis.load import results_or_exit
 from analysis.plots import new_figure
@@ -40,6 +42,19 @@ MARK_BEGIN, MARK_END = "<!-- batch:begin -->", "<!-- batch:end -->"
 SETTING = ["model", "task", "hardware", "ctx"]
 
 
+def run_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Per run: the speed-up over AR as a geometric mean with its 95% interval on the log scale, over
+    batches (each batch's throughput ratio, carried by its row 0) or, for batch size 1, over prompts."""
+    batched = df["batch_size"].fillna(1) > 1
+    ratio = df["batch_speedup_vs_ar"].where(batched, df["speedup_vs_ar"])
+    counted = ~batched | (df["batch_row"] == 0)          # one ratio a batch: the rest of its rows repeat it
+    records = []
+    for run, values in ratio[counted].groupby(df.loc[counted, "run"], sort=False):
+        est = estimates.geometric(values)
+        records.append({"run": run, "speedup": est.ratio, "speedup_low": est.low, "speedup_high": est.high})
+    return pd.DataFrame(records, columns=["run", "speedup", "speedup_low", "speedup_high"]).set_index("run")
+
+
 def batch_runs(df: pd.DataFrame) -> pd.DataFrame:
     """One row per run with its batch size and the batch-level figures, batch size 1 included (its
     single-sequence metrics stand for the batch's)."""
@@ -47,14 +62,13 @@ def batch_runs(df: pd.DataFrame) -> pd.DataFrame:
     size = runs["run_batch_size"].fillna(1).astype(int)
     single = size == 1
     pick = lambda batched, alone: runs[batched].where(~single, runs[alone])   # noqa: E731
+    speedup = run_speedups(df).reindex(runs["run"]).astype(float)
     return pd.DataFrame({
         **{k: runs[k] for k in (*SETTING, "method")}, "B": size,
         "n": runs["run_n_batches"].where(~single, runs["run_n_prompts"]),
         "tokens_per_s": pick("run_batch_tokens_per_s", "run_tokens_per_s"),
         "ar_tokens_per_s": pick("run_ar_batch_tokens_per_s", "run_ar_tokens_per_s"),
-        "speedup": pick("run_batch_speedup_vs_ar", "run_speedup_vs_ar"),
-        "speedup_low": pick("run_batch_speedup_vs_ar_ci95_low", "run_speedup_vs_ar_ci95_low"),
-        "speedup_high": pick("run_batch_speedup_vs_ar_ci95_high", "run_speedup_vs_ar_ci95_high"),
+        **{column: speedup[column].to_numpy() for column in ("speedup", "speedup_low", "speedup_high")},
         "bound": pick("run_batch_bound", "run_bound"),
         "latency_s": runs["run_sequence_latency_s_mean"].where(~single, runs["run_decode_s_mean"]),
         "tokens_per_round": runs["run_mean_accepted"], "acceptance": runs["run_acceptance_rate"],
@@ -108,7 +122,8 @@ def cost_split(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def scaling_figure(runs: pd.DataFrame):
-    """Speed-up over batched AR (mean, 95% interval) against batch size: one panel per setting."""
+    """Speed-up over batched AR (geometric mean, 95% interval on the log scale) against batch size: one
+    panel per setting."""
     settings = list(runs.groupby(SETTING, sort=True))
     methods = sorted(set(runs["method"]) - {"ar"})
     colour = {method: f"C{i % 10}" for i, method in enumerate(methods)}     # one colour a method in every panel
@@ -128,7 +143,8 @@ def scaling_figure(runs: pd.DataFrame):
         ax.set_title(f"{key[0]} · {key[1]} · {ctx_label(key[3])}", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(f"Batched decoding: speed-up vs batch size ({', '.join(sorted(runs['hardware'].astype(str).unique()))})\n"
-                 "error bars: 95% CI over batches (B = 1: over prompts)", fontsize=10)
+                 "geometric mean, error bars: 95% CI on the log scale over batches (B = 1: over prompts)",
+                 fontsize=10)
     return fig
 
 
@@ -137,8 +153,8 @@ def fmt(table: pd.DataFrame) -> pd.DataFrame:
     precision)."""
     out = table.copy()
     if "speedup" in out:
-        out["speedup"] = [f"{m:.2f}× [{lo:.2f}, {hi:.2f}]" if np.isfinite(lo) else f"{m:.2f}×"
-                          for m, lo, hi in zip(out["speedup"], out["speedup_low"], out["speedup_high"])]
+        out["speedup"] = [estimates.from_columns(m, lo, hi, n).text()
+                          for m, lo, hi, n in zip(out["speedup"], out["speedup_low"], out["speedup_high"], out["n"])]
         out = out.drop(columns=["speedup_low", "speedup_high"])
     return out.round(3)
 

@@ -63,8 +63,23 @@ class Estimate:
     def verdict(self) -> str:
         return verdict(self)
 
+    def columns(self) -> tuple[float, float, float]:
+        """(ratio, low, high) for a table's columns, NaN where missing (`from_columns` reads them back)."""
+        return tuple(math.nan if x is None else x for x in (self.ratio, self.low, self.high))
+
 
 NONE = Estimate(None, None, None, 0, 0)
+
+
+def from_columns(ratio, low, high, n, cells: int = 1) -> Estimate:
+    """An Estimate back from a table's columns, to print it with `text()`: a missing (NaN) ratio is no
+    estimate, a missing low or high no interval."""
+    missing = lambda x: x is None or (isinstance(x, float) and math.isnan(x))   # noqa: E731
+    if missing(ratio):
+        return NONE
+    if missing(low) or missing(high):
+        return Estimate(float(ratio), None, None, 0 if missing(n) else int(n), cells)
+    return Estimate(float(ratio), float(low), float(high), 0 if missing(n) else int(n), cells)
 
 
 def verdict(estimate: Estimate) -> str:

@@ -79,6 +79,37 @@ def geometric_across_prompts(df: pd.DataFrame, by: list[str], value: str) -> pd.
     return pd.DataFrame(records, columns=[*by, "mean", "low", "high", "n"])
 
 
+RETRIEVAL = "retrieval"          # the task whose samples carry the depth of their evidence
+DEPTH_STEP = 0.1                 # depth bins: the retrieval task places evidence at 10%-90% in steps of 10%
+DEPTH_COLUMNS = ["model", "ctx", "label", "depth", "n", "speedup", "low", "high", "exact_match"]
+
+
+def depth_bin(depth: pd.Series) -> pd.Series:
+    """A depth (the fraction of the context before the evidence) rounded half up to the nearest DEPTH_STEP:
+    the line start the task found near a requested 0.3 may sit at 0.297 or 0.304."""
+    steps = (depth.astype(float) / DEPTH_STEP).round(9)      # 0.35 / 0.1 is 3.4999999999999996 in floating point
+    return (np.floor(steps + 0.5) * DEPTH_STEP).round(6)
+
+
+def retrieval_by_depth(df: pd.DataFrame) -> pd.DataFrame:
+    """Per model, context, method label and depth bin of the retrieval task's samples: n prompts, the
+    speed-up over AR (geometric mean with its 95% interval on the log scale; NaN for AR itself) and the
+    exact-match accuracy (mean score: the share of the asked items the output contains). Methods are
+    told apart by `label` (`with_labels` when absent). Empty (DEPTH_COLUMNS) without retrieval samples."""
+    from analysis.estimates import geometric
+    rows = df[(df["task"] == RETRIEVAL) & df["depth"].notna()]
+    if rows.empty:
+        return pd.DataFrame(columns=DEPTH_COLUMNS)
+    rows = (rows if "label" in rows else with_labels(rows)).assign(depth=lambda d: depth_bin(d["depth"]), ctx=lambda d: d["ctx"].astype(int))
+    records = []
+    for (model, ctx, label, depth), group in rows.groupby(["model", "ctx", "label", "depth"], sort=True):
+        speedup = geometric(group["speedup_vs_ar"] if label != "ar" else [])     # AR is the reference
+        records.append({"model": model, "ctx": ctx, "label": label, "depth": depth, "n": len(group),
+                        **dict(zip(("speedup", "low", "high"), speedup.columns())),
+                        "exact_match": group["score"].mean()})
+    return pd.DataFrame(records, columns=DEPTH_COLUMNS)
+
+
 def fixed_k_inversion(cell: pd.DataFrame) -> bool | None:
     """The efficiency inversion among one cell's fixed-k runs (rows labelled by `with_labels`): the
     longest fixed k accepts more tokens per round than the fastest fixed k (geometric mean tokens/s over

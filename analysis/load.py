@@ -32,7 +32,9 @@ OPTION_COLUMNS = ("controller", "k", "budget")
 SAMPLE_COLUMNS = ("prompt_id", "context_tokens", "new_tokens", "prefill_s", "decode_s",
                   "tokens_per_s", "mean_accepted", "acceptance_rate", "ar_tokens_per_s",
                   "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "score",
-                  "run_position")
+                  "run_position", "depth",        # depth: where the evidence sits (retrieval), else None
+                  # a batched run's rows (batch_size > 1): row 0 of each batch carries the batch's speed-up
+                  "batch_size", "batch_row", "batch_speedup_vs_ar")
 TIME_SPLIT_KEYS = ("prefill", "draft", "verify", "select", "other")
 # summary.json "metrics", prefixed with "run_" (pooled over the run's prompts).
 METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",
@@ -215,7 +217,8 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     numeric = ["ctx", "seed", "temperature", "k", "budget", "budget_frac", "context_tokens",
                "new_tokens", "n_rounds", "prefill_sharers", *[c for c in COLUMNS if c.endswith("_s")],
                "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "mean_accepted",
-               "acceptance_rate", "score", *[f"run_{k}" for k in METRIC_KEYS]]
+               "acceptance_rate", "score", "depth", "batch_size", "batch_row", "batch_speedup_vs_ar",
+               *[f"run_{k}" for k in METRIC_KEYS]]
     for column in dict.fromkeys(numeric):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     for column in ("run", "job", "experiment", "model", "task", "source", "method", "dtype", "device",

@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 
 from analysis import paper
 from analysis.frames import (across_prompts, chosen_k_rounds, draft_tokens_frame, fixed_k_inversion,
-                             geometric_across_prompts, pooled_rates, rounds_frame, select_experiment, setting_title, speculative, with_labels)
+                             geometric_across_prompts, pooled_rates, RETRIEVAL, retrieval_by_depth, rounds_frame, select_experiment,
+                             setting_title, speculative, with_labels)
 from analysis.metrics import auc, predicted_ratio, roc_curve
 from analysis.estimates import geometric
 
@@ -59,8 +60,10 @@ ERROR_BARS = {"std": "±1 s.d. across prompts", "ci95": "95% CI of the mean over
               "log95": "geometric mean, 95% CI on the log scale (Student t)"}
 
 
-def caption(fig: Figure, rows: pd.DataFrame, what: str, err: str = "std") -> None:
-    prompts = rows.groupby("run")["prompt_id"].nunique()
+def caption(fig: Figure, rows: pd.DataFrame, what: str, err: str = "std", prompts: pd.Series | None = None) -> None:
+    """The figure's title, its setting, its error bars and n per point: `prompts` (a count per point), by
+    default each run's prompts."""
+    prompts = rows.groupby("run")["prompt_id"].nunique() if prompts is None else prompts
     n = f"{prompts.min()}-{prompts.max()}" if len(prompts) and prompts.min() != prompts.max() else (
         f"{prompts.min()}" if len(prompts) else "0")
     fig.suptitle(f"{what}\n{setting_title(rows)}\nerror bars: {ERROR_BARS[err]} (n = {n} per point)",
@@ -136,6 +139,40 @@ def acceptance_vs_context(df: pd.DataFrame) -> FigureList:
         left.legend(fontsize=8)
         caption(fig, group, "Acceptance and mean accepted length vs context length")
         figures.append((f"acceptance_vs_context__{suffix}", fig))
+    return figures
+
+
+def speedup_vs_depth(df: pd.DataFrame) -> FigureList:
+    """The retrieval task, per model and context: the speed-up over AR (left) and the exact-match accuracy
+    (right) against the depth of the evidence, one line per method (one colour a method in both panels)."""
+    table = retrieval_by_depth(df)
+    if table.empty:
+        raise SkipFigure(f"no {RETRIEVAL} samples with a depth (task={RETRIEVAL})")
+    table = table.assign(depth_pct=table["depth"] * 100)
+    figures = []
+    for (model, ctx), group in table.groupby(["model", "ctx"], sort=True):
+        fig, (left, right) = new_figure(ncols=2, width=5.2)
+        speculative_rows = group[group["label"] != "ar"]
+        errorbar_lines(left, speculative_rows.rename(columns={"speedup": "mean"}), "depth_pct", "label", err="log95")
+        left.axhline(1.0, color="0.3", linestyle="--", linewidth=1)
+        left.set_ylabel("decode speed-up over AR (×, geometric mean)")
+        for label, line in [*speculative_rows.groupby("label", sort=True), ("ar", group[group["label"] == "ar"])]:
+            line = line.sort_values("depth_pct")          # same order as the left panel: the same colours
+            style = {"color": "0.2", "linestyle": "--"} if label == "ar" else {}
+            right.plot(line["depth_pct"], line["exact_match"] * 100, marker="o", label=str(label),
+                       linewidth=2.6 if label == "sparsespec" else 1.4, **style)
+        right.set_ylabel("exact match (% of the asked items in the output)")
+        right.set_ylim(-5, 105)
+        depths = sorted(group["depth_pct"].unique())
+        for ax in (left, right):
+            ax.set_xticks(depths)
+            ax.set_xticklabels([f"{d:g}%" for d in depths])
+            ax.set_xlabel("depth of the evidence (% of the context before it)")
+        legend_outside(right)
+        rows = df[(df["model"] == model) & (df["task"] == RETRIEVAL) & (df["ctx"] == ctx)]
+        caption(fig, rows, f"Retrieval at {ctx / 1000:g}K: speed-up and exact match vs depth", err="log95",
+                prompts=group["n"])
+        figures.append((f"speedup_vs_depth__{slug(model)}__{RETRIEVAL}__{ctx}", fig))
     return figures
 
 
@@ -385,6 +422,7 @@ def _mark_best(ax, ks, values) -> None:
 FIGURES: dict[str, Callable[[pd.DataFrame], FigureList]] = {
     "speedup_vs_context": speedup_vs_context,
     "acceptance_vs_context": acceptance_vs_context,
+    "speedup_vs_depth": speedup_vs_depth,
     "fixed_k_ablation": fixed_k_ablation,
     "budget_ablation": budget_ablation,
     "entropy_distributions": entropy_distributions,

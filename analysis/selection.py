@@ -12,7 +12,8 @@ Writes <results>/selection.md, <results>/figures/selection_budget.{png,pdf} and 
 Every draft of a cell runs at the same fixed k, so tokens per round differ only by which KV positions the draft
 attends to. Comparisons are paired as in analysis.claims: per prompt, recycled top-K's decode tokens/s
 over the other draft's, both decoded in one process from one shared prefill; "ahead" where the 95%
-interval of the mean ratio lies above 1, "behind" below 1, "tied" otherwise.
+interval of the ratios' geometric mean lies above 1, "behind" below 1, "tied" otherwise. Every speed-up and
+ratio is a geometric mean over prompts with its Student-t 95% interval on the log scale (`analysis.estimates`).
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis import estimates
 from analysis.claims import fmt_ci, paired_ratio, report_arguments, standing, write_report
 from analysis.load import results_or_exit
 from analysis.tables import ctx_label
-from sparsespec import stats
 from sparsespec.tables import markdown_table
 
 MARK_BEGIN, MARK_END = "<!-- selection:begin -->", "<!-- selection:end -->"
@@ -64,13 +65,14 @@ def selection_samples(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def budget_table(s: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, draft and budget: prompts, tokens per round, the speed-up over AR (mean, 95% CI), and the
-    run's measured costs: a draft step, a verification and the selection per round (ms)."""
+    """Per cell, draft and budget: prompts, tokens per round, the speed-up over AR (geometric mean, 95%
+    interval on the log scale), and the run's measured costs: a draft step, a verification and the
+    selection per round (ms)."""
     records = []
     for key, rows in s.groupby([*CELL, "draft", "budget_frac"], sort=True):
-        speedup = stats.mean_ci(rows["speedup_vs_ar"])
+        speedup = estimates.geometric(rows["speedup_vs_ar"])
         records.append({**dict(zip([*CELL, "draft", "budget"], key)), "n": len(rows),
-                        "tokens_per_round": rows["mean_accepted"].mean(), "speedup_vs_ar": speedup.mean,
+                        "tokens_per_round": rows["mean_accepted"].mean(), "speedup_vs_ar": speedup.ratio,
                         "low": speedup.low, "high": speedup.high,
                         "c_draft_ms": rows["run_c_draft_s"].mean() * 1e3,
                         "c_verify_ms": rows["run_c_verify_s"].mean() * 1e3,
@@ -103,11 +105,12 @@ def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, each draft at the budget where its mean speed-up was highest, and recycled top-K at its
-    best against each other draft at its own best (paired over the prompts both decoded)."""
+    """Per cell, each draft at the budget where its speed-up (geometric mean over prompts) was highest, and
+    recycled top-K at its best against each other draft at its own best (paired over the prompts both
+    decoded)."""
     records = []
     for key, rows in s.groupby(CELL, sort=True):
-        means = rows.groupby(["draft", "budget_frac"])["speedup_vs_ar"].mean()
+        means = rows.groupby(["draft", "budget_frac"])["speedup_vs_ar"].agg(lambda v: estimates.geometric(v).ratio)
         best = {draft: means[draft].idxmax() for draft in means.index.get_level_values(0).unique()}
         if RECYCLED not in best:
             continue
@@ -122,8 +125,8 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
 
 
 def budget_figure(table: pd.DataFrame):
-    """Per cell: tokens per round (top) and speed-up over AR with its 95% interval (bottom) against
-    the draft budget, one line per draft."""
+    """Per cell: tokens per round (top) and speed-up over AR (geometric mean, 95% interval on the log
+    scale; bottom) against the draft budget, one line per draft."""
     cells = list(table.groupby(CELL, sort=True))
     drafts = sorted(table["draft"].unique())
     colour = {draft: f"C{i % 10}" for i, draft in enumerate(drafts)}
@@ -151,14 +154,14 @@ def budget_figure(table: pd.DataFrame):
             axes[row, col].set_xlabel("draft budget (% of the context)")
         axes[0, col].legend(fontsize=7)
     fig.suptitle("Draft selection across budgets: recycled top-K against a recent window\n"
-                 "error bars: 95% CI over prompts", fontsize=10)
+                 "speed-up: geometric mean over prompts, error bars: 95% CI on the log scale", fontsize=10)
     return fig
 
 
 def fmt(table: pd.DataFrame) -> pd.DataFrame:
     out = table.copy()
     if "speedup_vs_ar" in out:
-        out["speedup_vs_ar"] = [fmt_ci(stats.MeanCI(n, m, None, lo, hi)) for n, m, lo, hi
+        out["speedup_vs_ar"] = [estimates.from_columns(m, lo, hi, n).text() for n, m, lo, hi
                                 in zip(out["n"], out["speedup_vs_ar"], out["low"], out["high"])]
         out = out.drop(columns=["low", "high"])
     for column in [c for c in out.columns if "budget" in c]:

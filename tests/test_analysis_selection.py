@@ -3,7 +3,9 @@ answers), and the command reads a real harness sweep end to end."""
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,6 +50,24 @@ def test_budget_table_gives_each_draft_its_acceptance_speed_and_costs():
     assert table.loc[("sparsespec_fixed", 0.1), "speedup_vs_ar"] == pytest.approx(1.6)
     assert table.loc[("sparsespec_fixed", 0.1), "c_draft_ms"] == pytest.approx(50.0)
     assert table.loc[("streaming", 0.02), "n"] == 3 and table["outputs_match_ar"].all()
+
+
+def log_scale_interval(ratios) -> tuple[float, float, float]:
+    """Geometric mean and its Student-t 95% interval on the log scale, computed here with scipy."""
+    from scipy import stats as scipy_stats
+    logs = np.log(ratios)
+    half = scipy_stats.t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / math.sqrt(len(logs))
+    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
+
+
+def test_budget_table_speedup_is_a_geometric_mean_with_a_log_scale_interval():
+    df = frame()
+    table = selection.budget_table(selection.selection_samples(df)).set_index(["draft", "budget"])
+    row = table.loc[("streaming", 0.02)]
+    want = log_scale_interval(df.loc[(df["method"] == "streaming") & (df["budget_frac"] == 0.02), "speedup_vs_ar"])
+    assert (row["speedup_vs_ar"], row["low"], row["high"]) == pytest.approx(want)
+    shown = selection.fmt(table.reset_index()).set_index(["draft", "budget"]).loc[("streaming", "2%"), "speedup_vs_ar"]
+    assert shown == f"{want[0]:.2f}× [{want[1]:.2f}, {want[2]:.2f}]"
 
 
 def test_same_budget_acceptance_is_compared_over_the_prompts_both_decoded():
@@ -99,8 +119,9 @@ def test_selection_command_reads_a_harness_budget_sweep(harness_run, tmp_path):
         budget = float(options.split("budget=")[1])
         row = table[(table["draft"] == method) & (table["budget"] == budget)].iloc[0]
         assert row["n"] == 3
-        assert row["speedup_vs_ar"] == pytest.approx(summaries[entry]["metrics"]["speedup_vs_ar"])
         lines = (tmp_path / "sweep" / entry_folder(entry) / "samples.jsonl").read_text().splitlines()
+        assert row["speedup_vs_ar"] == pytest.approx(log_scale_interval([json.loads(x)["speedup_vs_ar"]
+                                                                         for x in lines])[0])
         assert row["tokens_per_round"] == pytest.approx(sum(json.loads(x)["mean_accepted"] for x in lines) / 3)
 
 
