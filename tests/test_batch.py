@@ -91,7 +91,8 @@ def test_batch_from_shared_prefills_is_token_identical(references, arch):
         own = sparsespec.generate(model, prompts, method=method, max_new_tokens=NEW, stop_at_eos=False, **options)
         shared = sparsespec.generate(model, prompts, prefilled=[s.pop(case) for s in starts], stop_at_eos=False)
         assert [g.tokens for g in shared] == [g.tokens for g in own] == alone, (arch, case)
-        assert [len(g.rounds) for g in shared] == [len(g.rounds) for g in own], (arch, case)
+        if case != "sparsespec-entropy-mid":   # its k follows the round times it measures, so its rounds vary with load
+            assert [len(g.rounds) for g in shared] == [len(g.rounds) for g in own], (arch, case)
         assert all(g.method == method and g.options["batch_size"] == len(prompts) for g in shared)
 
 
