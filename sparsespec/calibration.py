@@ -39,6 +39,7 @@ floor). A count that loses under load is never paid for at the profile's full le
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -62,7 +63,8 @@ AR = "ar"
 @dataclass(frozen=True)
 class CostProfile:
     """Measured costs of one setting (model, context, method): the median seconds of one draft step
-    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds.
+    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds, and
+    of one AR step (C_AR) where the run measured AR steps at the profile's thread count.
 
     The same rounds also say how drafts fare: the mean entropy of accepted drafts and of the first
     rejected draft of a round, and the share of judged drafts accepted (None when unseen)."""
@@ -72,9 +74,11 @@ class CostProfile:
     rejected_entropy: float | None = None
     acceptance_rate: float | None = None
     bins: EntropyBins | None = None
+    ar_step_s: float | None = None     # C_AR at the same thread count (None: no AR steps were measured)
 
     def as_dict(self) -> dict:
         return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
+                "ar_step_s": self.ar_step_s,
                 "accepted_entropy": self.accepted_entropy, "rejected_entropy": self.rejected_entropy,
                 "acceptance_rate": self.acceptance_rate,
                 "bins": None if self.bins is None else {"accepted": self.bins.accepted, "judged": self.bins.judged}}
@@ -187,6 +191,14 @@ def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibrat
         if job.threads is None:
             with threads.using(calibration.choices[job.entry].threads):
                 calibration.priors[job.entry] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+    for entry in probes:
+        calibration.priors[entry] = with_ar_step(calibration.priors[entry], ar_steps, calibration.choices[entry].threads)
+
+
+def with_ar_step(profile: CostProfile, ar_steps: dict[int, float], count: int) -> CostProfile:
+    """`profile` with C_AR measured at `count` threads, the count its entry decodes with (as it is
+    when no AR steps ran at that count)."""
+    return dataclasses.replace(profile, ar_step_s=ar_steps[count]) if count in ar_steps else profile
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,

@@ -34,5 +34,5 @@ class CycleK(FixedK):
         self._limit = min(self.k, limit)
         return self._limit
 
-    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
         self.rounds += 1
