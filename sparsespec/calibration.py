@@ -47,10 +47,11 @@ from typing import NamedTuple
 
 from . import threads
 from .batch import is_batch
-from .controllers import CycleK
+from .controllers import CONTROLLERS, CycleK
 from .controllers.acceptance import EntropyBins, judged
 from .decode import generate
 from .errors import ConfigError
+from .method_options import resolve
 from .methods import METHODS
 
 DEFAULT_KS = CycleK.Options().ks
@@ -120,27 +121,43 @@ class ProfileJob(NamedTuple):
     length: int        # max_new_tokens of its generation
     entry: str         # the run's entry it calibrates (AR for the AR steps)
     threads: int | None   # None: the sized profile, at the count its entry's probes choose
+    costs: bool = True    # the entry's controller reads costs: its probes are cost profiles, one its prior
 
 
 def plan_profiles(wanted: dict[str, tuple[str, dict]], *, ar: bool, max_new_tokens: int, num_prompts: int,
                   counts=None) -> dict[str, ProfileJob]:
     """label -> ProfileJob, in the order to measure: for every entry of `wanted` (entry -> (method,
-    options)) a probe at each thread count of `counts` (default `threads.thread_counts()`), then AR
-    steps at each if `ar`, then each entry's sized profile unless it is the probe. Prefill them beside
-    the run's methods, each at its `length`."""
+    options), each a drafting method: `has_thread_probe`) a probe at each thread count of `counts`
+    (default `threads.thread_counts()`), then AR steps at each if `ar`, then the sized profile of
+    each entry whose controller reads costs, unless it is the probe. Prefill them beside the run's
+    methods, each at its `length`."""
     counts = threads.thread_counts() if counts is None else tuple(counts)
     ks, repeats = profile_size(max_new_tokens, num_prompts)
+    costs = {entry: reads_costs(method, options) for entry, (method, options) in wanted.items()}
     jobs = {}
     for entry, (method, options) in wanted.items():
-        for t in counts:
-            jobs[f"thread probe of {entry} @{t} threads"] = ProfileJob(*profile_decoder(method, options, FLOOR_KS, 1), entry, t)
+        for t in counts:   # a cost profile's floor; a method that ignores costs decodes as itself
+            probe = profile_decoder(method, options, FLOOR_KS, 1) if costs[entry] else \
+                (method, options, cycle_tokens(FLOOR_KS, 1))
+            jobs[f"thread probe of {entry} @{t} threads"] = ProfileJob(*probe, entry, t, costs[entry])
     if ar:
         for t in counts:
             jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, AR, t)
     if (ks, repeats) != (FLOOR_KS, 1):
         for entry, (method, options) in wanted.items():
-            jobs[f"cost profile of {entry}"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, None)
+            if costs[entry]:
+                jobs[f"cost profile of {entry}"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, None)
     return jobs
+
+
+def has_thread_probe(method: str) -> bool:
+    """A method the run chooses threads for by a probe: every drafting method (AR has its AR steps)."""
+    return method in METHODS and METHODS[method].drafts
+
+
+def reads_costs(method: str, options: dict) -> bool:
+    """Whether `method`'s controller, with `options`, starts from a cost profile (the entropy controller)."""
+    return CONTROLLERS[resolve(method, options).controller].reads_costs
 
 
 @dataclass
@@ -153,7 +170,8 @@ class RunCalibration:
         return self.priors.get(entry)
 
     def __contains__(self, entry: str) -> bool:
-        return entry in self.priors
+        """Whether `entry` is calibrated: its threads chosen (and its prior measured, if it reads costs)."""
+        return entry in self.priors or entry in self.choices
 
     def threads_for(self, label: str, method: str) -> int | None:
         """The count a decoder decodes with (None: the process's own, nothing was measured for it)."""
@@ -164,22 +182,27 @@ class RunCalibration:
 def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibration: RunCalibration) -> None:
     """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
     dict per prompt of a batch): the probes and AR steps at their counts, then each sized profile at
-    the count its probes chose. Records in `calibration` each entry's thread choice and its prior (the
-    sized profile, or the chosen count's probe when there is none)."""
+    the count its probes chose. Records in `calibration` each entry's thread choice and, for an entry
+    that reads costs, its prior (the sized profile, or the chosen count's probe when there is none),
+    with C_AR at its count when AR steps ran."""
     def start_of(label):
         return starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
 
-    probes, ar_steps = defaultdict(dict), {}
+    probes, decode_s, ar_steps = defaultdict(dict), defaultdict(dict), {}
     for label, job in jobs.items():
         if job.threads is None:
             continue
         with threads.using(job.threads):
             if job.method == AR:
                 ar_steps[job.threads] = threads.ar_step_s(generate(model, inputs, prefilled=start_of(label), stop_at_eos=False))
-            else:
+            elif job.costs:
                 probes[job.entry][job.threads] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+            else:   # the same rounds at each count: their decode seconds compare (drafts or none)
+                decode_s[job.entry][job.threads] = generate(model, inputs, prefilled=start_of(label), stop_at_eos=False).decode_s
     if ar_steps:
         calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
+    for entry, by_count in decode_s.items():
+        calibration.choices[entry] = threads.choose(by_count, "the probe's decode seconds")
     counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
     switch_s = threads.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
     for entry, by_count in probes.items():

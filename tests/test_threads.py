@@ -11,7 +11,8 @@ import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
-                                    measure_planned, plan_profiles, profile_size)
+                                    has_thread_probe, measure_planned, plan_profiles, profile_size, reads_costs,
+                                    with_ar_step)
 from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
@@ -131,6 +132,33 @@ def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
     assert sized.options["ks"] == DEFAULT_KS and sized.length == cycle_tokens(DEFAULT_KS, 2)
 
 
+def test_a_method_that_ignores_costs_gets_thread_probes_as_itself_and_no_cost_profile():
+    jobs = plan_profiles({"fixed": ("sparsespec", {"controller": "fixed", "k": 4}), "pld": ("pld", {})},
+                         ar=True, max_new_tokens=128, num_prompts=4, counts=(1, 2))
+    assert [(j.entry, j.threads, j.costs) for j in jobs.values()] == [
+        ("fixed", 1, False), ("fixed", 2, False), ("pld", 1, False), ("pld", 2, False), ("ar", 1, True), ("ar", 2, True)]
+    fixed = next(iter(jobs.values()))
+    assert fixed.options == {"controller": "fixed", "k": 4} and fixed.length == cycle_tokens(FLOOR_KS, 1)
+
+
+def test_every_drafting_method_is_probed_and_only_the_entropy_controller_reads_costs():
+    assert all(has_thread_probe(m) for m in ("sparsespec", "pld", "streaming", "layerskip", "oracle"))
+    assert not has_thread_probe("ar") and not has_thread_probe("no such method")
+    assert reads_costs("sparsespec", {}) and not reads_costs("sparsespec", {"controller": "fixed"})
+
+
+def test_a_prior_gains_c_ar_at_its_own_thread_count_only():
+    prior = profile(0.01, {1: 0.05})
+    assert with_ar_step(prior, {1: 0.04, 2: 0.03}, 2).ar_step_s == 0.03
+    assert with_ar_step(prior, {1: 0.04}, 2).ar_step_s is None
+    assert with_ar_step(prior, {1: 0.04}, 1).as_dict()["ar_step_s"] == 0.04
+
+
+def test_an_entry_with_a_thread_choice_alone_counts_as_calibrated():
+    calibration = RunCalibration(choices={"fixed": threads.ThreadChoice(1, {1: 0.1, 2: 0.2}, "decode")})
+    assert "fixed" in calibration and calibration.get("fixed") is None and "other" not in calibration
+
+
 # --------------------------------------------------------------------------------------------
 # on a tiny model
 
@@ -187,10 +215,22 @@ def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
     assert spec.threads == min(spec.cost_s, key=spec.cost_s.get) and ar.threads == min(ar.cost_s, key=ar.cost_s.get)
     assert set(calibration.get("sparsespec").verify_s) == set(FLOOR_KS)
     assert threads.profile_work_s(calibration.get("sparsespec")) == spec.cost_s[spec.threads]
+    assert calibration.get("sparsespec").ar_step_s == ar.cost_s[spec.threads]       # C_AR at its own count
     assert spec.mixed is None or spec.mixed["switch_s"] >= 0
     assert calibration.threads_for("ar (reference)", "ar") == ar.threads
     assert calibration.threads_for("sparsespec", "sparsespec") == spec.threads
     assert calibration.threads_for("pld", "pld") is None
+
+
+@pytest.mark.slow   # decodes a tiny model at two thread counts
+def test_a_fixed_k_method_and_pld_get_a_thread_choice_from_their_own_decodes_and_no_prior(tiny):
+    jobs = plan_profiles({"fixed": ("sparsespec", {"budget": 0.5, "controller": "fixed", "k": 2}), "pld": ("pld", {})},
+                         ar=False, max_new_tokens=64, num_prompts=4, counts=(1, 2))
+    calibration = measured(tiny, random_prompt(200), jobs)            # pld may find nothing to propose
+    for entry in ("fixed", "pld"):
+        choice = calibration.choices[entry]
+        assert set(choice.cost_s) == {1, 2} and choice.threads == min(choice.cost_s, key=choice.cost_s.get)
+        assert calibration.get(entry) is None and entry in calibration
 
 
 def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):

@@ -36,6 +36,7 @@ class Controller(abc.ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type[OptionSet]]
     uses_entropy: ClassVar[bool] = False      # True: meaningless for drafters whose drafts have no entropy
+    reads_costs: ClassVar[bool] = False       # True: chooses from measured costs, so a run profiles them first
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

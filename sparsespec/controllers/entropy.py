@@ -70,6 +70,7 @@ class EntropyController(Controller):
 
     name = "entropy"
     uses_entropy = True
+    reads_costs = True
 
     @dataclass(frozen=True)
     class Options(OptionSet):
