@@ -49,8 +49,9 @@ step, one token per sequence for C_AR seconds. Once the rule is in charge, each 
 whether speculation is predicted to yield fewer tokens per second than AR, from robust (median)
 costs of recent rounds: then the round is an AR step ("fallback"), the drafter is not called, and
 every so often a "probe" round (k <= `prior_k`) re-measures speculation so that it returns when the
-load drops or acceptance rises. The first such round measures C_AR ("ar_probe"). Each round's
-trace records the choice.
+load drops or acceptance rises. Rounds are compared whole (selection, every draft step, verification),
+and speculation must lose by `fallback_margin` over a full window. The first such round measures
+C_AR ("ar_probe") unless the cost profile brings it. Each round's trace records the choice.
 """
 from __future__ import annotations
 
