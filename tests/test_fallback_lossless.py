@@ -151,3 +151,13 @@ def test_the_loop_gives_the_controller_each_whole_rounds_seconds(references):
     gen = sparsespec.generate(model, prompts[0], prefilled=start, stop_at_eos=False)
     assert any(r.select_s > 0 and r.draft_steps > 0 for r in gen.rounds)
     assert start.controller.round_s == [pytest.approx(r.select_s + r.draft_s + r.verify_s) for r in gen.rounds]
+
+
+@pytest.mark.parametrize("ar_step_s,first", [(1e-3, "speculate"), (None, "ar_probe")])
+def test_a_profile_with_c_ar_opens_a_prompt_speculating_and_stays_lossless(references, ar_step_s, first):
+    model, prompts, ar = references["qwen2"]
+    options = dict(controller="entropy", **MID_BUDGET)
+    prior = CostProfile(draft_step_s=1e-3, verify_s={1: 5e-3, 2: 6e-3}, ar_step_s=ar_step_s)
+    start = sparsespec.prefill(model, prompts[1], methods={"s": ("sparsespec", options)}, max_new_tokens=NEW)["s"]
+    gen = sparsespec.generate(model, prompts[1], prefilled=start, cost_prior=prior, stop_at_eos=False)
+    assert gen.rounds[0].choice == first and gen.tokens == ar[1]
