@@ -7,6 +7,8 @@ the controller's starting costs (`generate(..., cost_prior=profile)`), refined o
 
     C_d    = median over draft steps of (draft seconds / draft steps)
     C_v(k) = median over the rounds that verified k drafts of their verify seconds
+    C_AR   = median over the rounds with no draft (the cycle's k = 0 rounds, `profile_cycle`) of their
+             whole seconds (selection + draft + verify, as the fallback rule counts a round)
 
 The same rounds seed the controller's acceptance model, so a prompt does not open at k = 1:
 
@@ -39,7 +41,6 @@ floor). A count that loses under load is never paid for at the profile's full le
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ DEFAULT_KS = CycleK.Options().ks
 PROFILE_SHARE = 0.25   # of the run's tokens per method: today's 2-cycle profile still fits a 4 x 128-token run
 FLOOR_KS = (1, 2)      # the fewest ks that fit C_v's line
 MIN_AR_STEPS = 4       # AR steps timed per thread count: a median that one slow step does not move
+PLAIN_ROUNDS = MIN_AR_STEPS - 1   # k = 0 rounds per cycle: with the profile's last round, C_AR from >= MIN_AR_STEPS
 AR = "ar"
 
 
@@ -65,7 +67,7 @@ AR = "ar"
 class CostProfile:
     """Measured costs of one setting (model, context, method): the median seconds of one draft step
     (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds, and
-    of one AR step (C_AR) where the run measured AR steps at the profile's thread count.
+    of one round with no draft (C_AR: one AR step of this method, verification hooks included).
 
     The same rounds also say how drafts fare: the mean entropy of accepted drafts and of the first
     rejected draft of a round, and the share of judged drafts accepted (None when unseen)."""
@@ -75,7 +77,7 @@ class CostProfile:
     rejected_entropy: float | None = None
     acceptance_rate: float | None = None
     bins: EntropyBins | None = None
-    ar_step_s: float | None = None     # C_AR at the same thread count (None: no AR steps were measured)
+    ar_step_s: float | None = None     # C_AR: median whole k = 0 round (None: the profile ran none)
 
     def as_dict(self) -> dict:
         return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
@@ -87,14 +89,22 @@ class CostProfile:
 
 def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2) -> tuple[str, dict, int]:
     """(method, options, max_new_tokens) of a profile's generation: `method` with its drafter options
-    (controller options dropped), the cycle controller over `ks`, one round per k per repeat, then one
-    token. Prefill it beside the methods (`prefill(..., lengths=...)`) to profile on their prefill."""
+    (controller options dropped), the cycle controller over `profile_cycle(ks)`, one round per k per
+    repeat, then one token. Prefill it beside the methods (`prefill(..., lengths=...)`) to profile on
+    their prefill."""
     if method not in METHODS or not METHODS[method].drafts:
         raise ConfigError(f"a cost profile needs a drafting method; got {method!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
     drafter_options = {k: v for k, v in options.items() if k in METHODS[method].Options.names()}
-    return method, {**drafter_options, "controller": "cycle", "ks": tuple(ks)}, repeats * sum(k + 1 for k in ks) + 1
+    cycle = profile_cycle(ks)
+    return method, {**drafter_options, "controller": "cycle", "ks": cycle}, cycle_tokens(cycle, repeats)
+
+
+def profile_cycle(ks) -> tuple[int, ...]:
+    """The ks a profile cycles through: `ks`, then PLAIN_ROUNDS rounds of k = 0, each one AR step
+    of this very method (its verification hooks included), as the fallback runs it: C_AR."""
+    return tuple(ks) + (0,) * PLAIN_ROUNDS
 
 
 def cycle_tokens(ks, repeats: int) -> int:
@@ -107,9 +117,9 @@ def profile_size(max_new_tokens: int, num_prompts: int, ks=DEFAULT_KS) -> tuple[
     budget = PROFILE_SHARE * max_new_tokens * num_prompts
     usable = tuple(sorted(set(FLOOR_KS) | {k for k in ks if k < max_new_tokens}))
     for repeats in (2, 1):
-        if cycle_tokens(usable, repeats) <= budget:
+        if cycle_tokens(profile_cycle(usable), repeats) <= budget:
             return usable, repeats
-    while len(usable) > len(FLOOR_KS) and cycle_tokens(usable, 1) > budget:
+    while len(usable) > len(FLOOR_KS) and cycle_tokens(profile_cycle(usable), 1) > budget:
         usable = usable[:-1]
     return usable, 1
 
@@ -183,8 +193,7 @@ def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibrat
     """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
     dict per prompt of a batch): the probes and AR steps at their counts, then each sized profile at
     the count its probes chose. Records in `calibration` each entry's thread choice and, for an entry
-    that reads costs, its prior (the sized profile, or the chosen count's probe when there is none),
-    with C_AR at its count when AR steps ran."""
+    that reads costs, its prior (the sized profile, or the chosen count's probe when there is none)."""
     def start_of(label):
         return starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
 
@@ -214,14 +223,6 @@ def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibrat
         if job.threads is None:
             with threads.using(calibration.choices[job.entry].threads):
                 calibration.priors[job.entry] = measure_cost_profile(model, inputs, prefilled=start_of(label))
-    for entry in probes:
-        calibration.priors[entry] = with_ar_step(calibration.priors[entry], ar_steps, calibration.choices[entry].threads)
-
-
-def with_ar_step(profile: CostProfile, ar_steps: dict[int, float], count: int) -> CostProfile:
-    """`profile` with C_AR measured at `count` threads, the count its entry decodes with (as it is
-    when no AR steps ran at that count)."""
-    return dataclasses.replace(profile, ar_step_s=ar_steps[count]) if count in ar_steps else profile
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
@@ -266,7 +267,8 @@ def profile_of(rounds) -> CostProfile:
         rejected += [] if refused is None else [refused]
         bins.add_round(r.entropies, r.accepted, r.drafted)
     n_judged = len(accepted) + len(rejected)
-    return CostProfile(draft_step_s=statistics.median(steps),
+    plain = [r.select_s + r.draft_s + r.verify_s for r in rounds if not r.drafted and not r.draft_steps]
+    return CostProfile(draft_step_s=statistics.median(steps), ar_step_s=statistics.median(plain) if plain else None,
                        verify_s={k: statistics.median(v) for k, v in sorted(verify.items())},
                        accepted_entropy=statistics.fmean(accepted) if accepted else None,
                        rejected_entropy=statistics.fmean(rejected) if rejected else None,

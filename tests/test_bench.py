@@ -123,6 +123,7 @@ def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, t
     assert prefills == [300, 300]                                        # tiny_prompts(2): one each
     prior = summaries["sparsespec:budget=0.5"]["run"]["cost_prior"]
     assert prior["draft_step_s"] > 0 and set(prior["verify_s"]) == {"1", "2"}   # sized to 2 x 10 tokens
+    assert prior["ar_step_s"] > 0                              # C_AR from the profile's k = 0 rounds
     assert summaries["sparsespec_fixed:k=4"]["run"]["cost_prior"] is None
     assert summaries["sparsespec:budget=0.5"]["metrics"]["outputs_match_ar"] == 1.0
 

@@ -11,8 +11,8 @@ import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
-                                    has_thread_probe, measure_planned, plan_profiles, profile_size, reads_costs,
-                                    with_ar_step)
+                                    PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, profile_cycle,
+                                    profile_size, reads_costs)
 from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
@@ -121,7 +121,7 @@ def test_a_smoke_run_plans_a_probe_and_ar_steps_at_every_count_and_nothing_more(
                          num_prompts=2, counts=(1, 2))
     assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("ar", 1), ("ar", 2)]
     probe = next(iter(jobs.values()))
-    assert probe.options["ks"] == FLOOR_KS and probe.length == cycle_tokens(FLOOR_KS, 1)
+    assert probe.options["ks"] == profile_cycle(FLOOR_KS) and probe.length == cycle_tokens(profile_cycle(FLOOR_KS), 1)
     assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entry == "ar")
 
 
@@ -129,7 +129,7 @@ def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
     jobs = plan_profiles({"sparsespec": ("sparsespec", {})}, ar=False, max_new_tokens=128, num_prompts=4, counts=(1, 2))
     assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("sparsespec", None)]
     sized = list(jobs.values())[-1]
-    assert sized.options["ks"] == DEFAULT_KS and sized.length == cycle_tokens(DEFAULT_KS, 2)
+    assert sized.options["ks"] == profile_cycle(DEFAULT_KS) and sized.length == cycle_tokens(profile_cycle(DEFAULT_KS), 2)
 
 
 def test_a_method_that_ignores_costs_gets_thread_probes_as_itself_and_no_cost_profile():
@@ -147,11 +147,20 @@ def test_every_drafting_method_is_probed_and_only_the_entropy_controller_reads_c
     assert reads_costs("sparsespec", {}) and not reads_costs("sparsespec", {"controller": "fixed"})
 
 
-def test_a_prior_gains_c_ar_at_its_own_thread_count_only():
-    prior = profile(0.01, {1: 0.05})
-    assert with_ar_step(prior, {1: 0.04, 2: 0.03}, 2).ar_step_s == 0.03
-    assert with_ar_step(prior, {1: 0.04}, 2).ar_step_s is None
-    assert with_ar_step(prior, {1: 0.04}, 1).as_dict()["ar_step_s"] == 0.04
+def test_every_profile_cycle_ends_with_plain_rounds_that_time_c_ar():
+    assert profile_cycle((1, 2)) == (1, 2) + (0,) * PLAIN_ROUNDS
+    assert 1 + PLAIN_ROUNDS >= MIN_AR_STEPS                  # with the profile's last token's round
+
+
+def test_c_ar_is_the_median_whole_round_without_a_draft():
+    from sparsespec.calibration import profile_of
+    from sparsespec.generation import Round
+    spec = Round(drafted=2, accepted=1, emitted=2, entropies=[0.1, 0.2], draft_s=0.02, verify_s=0.05, select_s=0.01,
+                 draft_steps=2)
+    plain = [Round(drafted=0, accepted=0, emitted=1, entropies=[], draft_s=0.0, verify_s=v, select_s=0.0) for v in
+             (0.04, 0.03, 0.9)]                                  # one slow step: ignored by the median
+    assert profile_of([spec, *plain]).ar_step_s == 0.04
+    assert profile_of([spec]).ar_step_s is None
 
 
 def test_an_entry_with_a_thread_choice_alone_counts_as_calibrated():
@@ -215,7 +224,7 @@ def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
     assert spec.threads == min(spec.cost_s, key=spec.cost_s.get) and ar.threads == min(ar.cost_s, key=ar.cost_s.get)
     assert set(calibration.get("sparsespec").verify_s) == set(FLOOR_KS)
     assert threads.profile_work_s(calibration.get("sparsespec")) == spec.cost_s[spec.threads]
-    assert calibration.get("sparsespec").ar_step_s == ar.cost_s[spec.threads]       # C_AR at its own count
+    assert calibration.get("sparsespec").ar_step_s > 0                              # its own k = 0 rounds: C_AR
     assert spec.mixed is None or spec.mixed["switch_s"] >= 0
     assert calibration.threads_for("ar (reference)", "ar") == ar.threads
     assert calibration.threads_for("sparsespec", "sparsespec") == spec.threads
