@@ -9,7 +9,7 @@ speculative rounds alike:
 where a speculative round's tokens are mean_b (a_b + 1). Medians for seconds: one round slowed by a
 burst of background load moves nothing, and a lasting change moves the median within ceil(W/2)
 rounds. The mean for tokens: acceptance has no spikes, and the median of a skewed count is biased.
-A prior C_AR (a cost profile's AR steps, `seed_ar`) is the AR window's first entry, so a prompt
+A prior C_AR (a cost profile's k = 0 rounds, `seed_ar`) is the AR window's first entry, so a prompt
 with one opens speculating; the AR rounds it runs replace it.
 
 Speculation loses when S < margin * A, judged only on a full window of W speculative rounds: a
