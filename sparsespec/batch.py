@@ -278,7 +278,8 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
     for s, a in zip(active, accepted):
         s.drafter.after_verify(s.state, a, k)
     trace = controller.trace()                                                        # every round, k = 0 too
-    controller.observe_batch(per_seq, accepted, k, draft_s / steps if steps else None, verify_s)
+    controller.observe_batch(per_seq, accepted, k, draft_s / steps if steps else None, verify_s,
+                             round_s=select_s + draft_s + verify_s)                  # the whole round's seconds
     for s, a, ents in zip(active, accepted, per_seq):
         st = s.state
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,

@@ -7,6 +7,8 @@ the controller's starting costs (`generate(..., cost_prior=profile)`), refined o
 
     C_d    = median over draft steps of (draft seconds / draft steps)
     C_v(k) = median over the rounds that verified k drafts of their verify seconds
+    C_AR   = median over the rounds with no draft (the cycle's k = 0 rounds, `profile_cycle`) of their
+             whole seconds (selection + draft + verify, as the fallback rule counts a round)
 
 The same rounds seed the controller's acceptance model, so a prompt does not open at k = 1:
 
@@ -46,23 +48,26 @@ from typing import NamedTuple
 
 from . import threads
 from .batch import is_batch
-from .controllers import CycleK
+from .controllers import CONTROLLERS, CycleK
 from .controllers.acceptance import EntropyBins, judged
 from .decode import generate
 from .errors import ConfigError
+from .method_options import resolve
 from .methods import METHODS
 
 DEFAULT_KS = CycleK.Options().ks
 PROFILE_SHARE = 0.25   # of the run's tokens per method: today's 2-cycle profile still fits a 4 x 128-token run
 FLOOR_KS = (1, 2)      # the fewest ks that fit C_v's line
 MIN_AR_STEPS = 4       # AR steps timed per thread count: a median that one slow step does not move
+PLAIN_ROUNDS = MIN_AR_STEPS - 1   # k = 0 rounds per cycle: with the profile's last round, C_AR from >= MIN_AR_STEPS
 AR = "ar"
 
 
 @dataclass(frozen=True)
 class CostProfile:
     """Measured costs of one setting (model, context, method): the median seconds of one draft step
-    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds.
+    (C_d) and of one verification of k drafts plus the last token (C_v(k)), over repeated rounds, and
+    of one round with no draft (C_AR: one AR step of this method, verification hooks included).
 
     The same rounds also say how drafts fare: the mean entropy of accepted drafts and of the first
     rejected draft of a round, and the share of judged drafts accepted (None when unseen)."""
@@ -72,9 +77,11 @@ class CostProfile:
     rejected_entropy: float | None = None
     acceptance_rate: float | None = None
     bins: EntropyBins | None = None
+    ar_step_s: float | None = None     # C_AR: median whole k = 0 round (None: the profile ran none)
 
     def as_dict(self) -> dict:
         return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
+                "ar_step_s": self.ar_step_s,
                 "accepted_entropy": self.accepted_entropy, "rejected_entropy": self.rejected_entropy,
                 "acceptance_rate": self.acceptance_rate,
                 "bins": None if self.bins is None else {"accepted": self.bins.accepted, "judged": self.bins.judged}}
@@ -82,14 +89,22 @@ class CostProfile:
 
 def profile_decoder(method: str, options: dict, ks=DEFAULT_KS, repeats: int = 2) -> tuple[str, dict, int]:
     """(method, options, max_new_tokens) of a profile's generation: `method` with its drafter options
-    (controller options dropped), the cycle controller over `ks`, one round per k per repeat, then one
-    token. Prefill it beside the methods (`prefill(..., lengths=...)`) to profile on their prefill."""
+    (controller options dropped), the cycle controller over `profile_cycle(ks)`, one round per k per
+    repeat, then one token. Prefill it beside the methods (`prefill(..., lengths=...)`) to profile on
+    their prefill."""
     if method not in METHODS or not METHODS[method].drafts:
         raise ConfigError(f"a cost profile needs a drafting method; got {method!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
     drafter_options = {k: v for k, v in options.items() if k in METHODS[method].Options.names()}
-    return method, {**drafter_options, "controller": "cycle", "ks": tuple(ks)}, repeats * sum(k + 1 for k in ks) + 1
+    cycle = profile_cycle(ks)
+    return method, {**drafter_options, "controller": "cycle", "ks": cycle}, cycle_tokens(cycle, repeats)
+
+
+def profile_cycle(ks) -> tuple[int, ...]:
+    """The ks a profile cycles through: `ks`, then PLAIN_ROUNDS rounds of k = 0, each one AR step
+    of this very method (its verification hooks included), as the fallback runs it: C_AR."""
+    return tuple(ks) + (0,) * PLAIN_ROUNDS
 
 
 def cycle_tokens(ks, repeats: int) -> int:
@@ -102,9 +117,9 @@ def profile_size(max_new_tokens: int, num_prompts: int, ks=DEFAULT_KS) -> tuple[
     budget = PROFILE_SHARE * max_new_tokens * num_prompts
     usable = tuple(sorted(set(FLOOR_KS) | {k for k in ks if k < max_new_tokens}))
     for repeats in (2, 1):
-        if cycle_tokens(usable, repeats) <= budget:
+        if cycle_tokens(profile_cycle(usable), repeats) <= budget:
             return usable, repeats
-    while len(usable) > len(FLOOR_KS) and cycle_tokens(usable, 1) > budget:
+    while len(usable) > len(FLOOR_KS) and cycle_tokens(profile_cycle(usable), 1) > budget:
         usable = usable[:-1]
     return usable, 1
 
@@ -116,27 +131,43 @@ class ProfileJob(NamedTuple):
     length: int        # max_new_tokens of its generation
     entry: str         # the run's entry it calibrates (AR for the AR steps)
     threads: int | None   # None: the sized profile, at the count its entry's probes choose
+    costs: bool = True    # the entry's controller reads costs: its probes are cost profiles, one its prior
 
 
 def plan_profiles(wanted: dict[str, tuple[str, dict]], *, ar: bool, max_new_tokens: int, num_prompts: int,
                   counts=None) -> dict[str, ProfileJob]:
     """label -> ProfileJob, in the order to measure: for every entry of `wanted` (entry -> (method,
-    options)) a probe at each thread count of `counts` (default `threads.thread_counts()`), then AR
-    steps at each if `ar`, then each entry's sized profile unless it is the probe. Prefill them beside
-    the run's methods, each at its `length`."""
+    options), each a drafting method: `has_thread_probe`) a probe at each thread count of `counts`
+    (default `threads.thread_counts()`), then AR steps at each if `ar`, then the sized profile of
+    each entry whose controller reads costs, unless it is the probe. Prefill them beside the run's
+    methods, each at its `length`."""
     counts = threads.thread_counts() if counts is None else tuple(counts)
     ks, repeats = profile_size(max_new_tokens, num_prompts)
+    costs = {entry: reads_costs(method, options) for entry, (method, options) in wanted.items()}
     jobs = {}
     for entry, (method, options) in wanted.items():
-        for t in counts:
-            jobs[f"thread probe of {entry} @{t} threads"] = ProfileJob(*profile_decoder(method, options, FLOOR_KS, 1), entry, t)
+        for t in counts:   # a cost profile's floor; a method that ignores costs decodes as itself
+            probe = profile_decoder(method, options, FLOOR_KS, 1) if costs[entry] else \
+                (method, options, cycle_tokens(FLOOR_KS, 1))
+            jobs[f"thread probe of {entry} @{t} threads"] = ProfileJob(*probe, entry, t, costs[entry])
     if ar:
         for t in counts:
             jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, AR, t)
     if (ks, repeats) != (FLOOR_KS, 1):
         for entry, (method, options) in wanted.items():
-            jobs[f"cost profile of {entry}"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, None)
+            if costs[entry]:
+                jobs[f"cost profile of {entry}"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, None)
     return jobs
+
+
+def has_thread_probe(method: str) -> bool:
+    """A method the run chooses threads for by a probe: every drafting method (AR has its AR steps)."""
+    return method in METHODS and METHODS[method].drafts
+
+
+def reads_costs(method: str, options: dict) -> bool:
+    """Whether `method`'s controller, with `options`, starts from a cost profile (the entropy controller)."""
+    return CONTROLLERS[resolve(method, options).controller].reads_costs
 
 
 @dataclass
@@ -149,7 +180,8 @@ class RunCalibration:
         return self.priors.get(entry)
 
     def __contains__(self, entry: str) -> bool:
-        return entry in self.priors
+        """Whether `entry` is calibrated: its threads chosen (and its prior measured, if it reads costs)."""
+        return entry in self.priors or entry in self.choices
 
     def threads_for(self, label: str, method: str) -> int | None:
         """The count a decoder decodes with (None: the process's own, nothing was measured for it)."""
@@ -160,22 +192,26 @@ class RunCalibration:
 def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibration: RunCalibration) -> None:
     """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
     dict per prompt of a batch): the probes and AR steps at their counts, then each sized profile at
-    the count its probes chose. Records in `calibration` each entry's thread choice and its prior (the
-    sized profile, or the chosen count's probe when there is none)."""
+    the count its probes chose. Records in `calibration` each entry's thread choice and, for an entry
+    that reads costs, its prior (the sized profile, or the chosen count's probe when there is none)."""
     def start_of(label):
         return starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
 
-    probes, ar_steps = defaultdict(dict), {}
+    probes, decode_s, ar_steps = defaultdict(dict), defaultdict(dict), {}
     for label, job in jobs.items():
         if job.threads is None:
             continue
         with threads.using(job.threads):
             if job.method == AR:
                 ar_steps[job.threads] = threads.ar_step_s(generate(model, inputs, prefilled=start_of(label), stop_at_eos=False))
-            else:
+            elif job.costs:
                 probes[job.entry][job.threads] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+            else:   # the same rounds at each count: their decode seconds compare (drafts or none)
+                decode_s[job.entry][job.threads] = generate(model, inputs, prefilled=start_of(label), stop_at_eos=False).decode_s
     if ar_steps:
         calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
+    for entry, by_count in decode_s.items():
+        calibration.choices[entry] = threads.choose(by_count, "the probe's decode seconds")
     counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
     switch_s = threads.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
     for entry, by_count in probes.items():
@@ -231,7 +267,8 @@ def profile_of(rounds) -> CostProfile:
         rejected += [] if refused is None else [refused]
         bins.add_round(r.entropies, r.accepted, r.drafted)
     n_judged = len(accepted) + len(rejected)
-    return CostProfile(draft_step_s=statistics.median(steps),
+    plain = [r.select_s + r.draft_s + r.verify_s for r in rounds if not r.drafted and not r.draft_steps]
+    return CostProfile(draft_step_s=statistics.median(steps), ar_step_s=statistics.median(plain) if plain else None,
                        verify_s={k: statistics.median(v) for k, v in sorted(verify.items())},
                        accepted_entropy=statistics.fmean(accepted) if accepted else None,
                        rejected_entropy=statistics.fmean(rejected) if rejected else None,

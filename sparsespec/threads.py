@@ -11,7 +11,9 @@ included (the speed-up's denominator is never a handicapped AR).
 The settings are compared on the same work, so the comparison is paired:
 
     AR:          C_AR(t)                                  median seconds of one AR step at t threads
-    speculation: W(t) = sum over profiled k of (k C_d(t) + C_v(k, t))   one round at each k
+    entropy:     W(t) = sum over profiled k of (k C_d(t) + C_v(k, t))   one round at each k
+    other drafting methods (a controller that ignores costs: fixed k, ...):
+                 D(t) = decode seconds of the method's own probe generation (same tokens at each t)
     choice:      argmin over t; a tie goes to fewer threads (a core left free)
 
 Drafting (one row a step) and verification (k + 1 rows) may prefer different counts. `torch.set_num_threads`

@@ -104,12 +104,11 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     prior = read(tmp_path / "cell" / "sparsespec-budget=0.5")[0]["run"]["cost_prior"]
     assert prior["draft_step_s"] > 0 and set(prior["verify_s"]) == {"1", "2"}
     assert fixed["run"]["cost_prior"] is None
-    # AR and the entropy controller decode at a measured thread count, recorded with the CPU it suits
+    # AR, the entropy controller and fixed k decode at a measured thread count, recorded with the CPU it suits
     spec = read(tmp_path / "cell" / "sparsespec-budget=0.5")[0]
-    for measured in (spec, ar_summary):
+    for measured in (spec, ar_summary, fixed):
         assert measured["run"]["threads"]["threads"] in thread_counts()
         assert set(measured["run"]["threads"]["cost_s"]) == {str(t) for t in thread_counts()}
-    assert fixed["run"]["threads"] is None                    # nothing measured: the process's count
     assert spec["env"]["blas"] and set(spec["env"]["cpu_flags"]) == {"avx2", "avx512", "amx"}
     assert set(spec["run"]["load"]) == {"cpu_busy_before", "cpu_busy_after", "noisy"}
 
@@ -124,6 +123,7 @@ def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, t
     assert prefills == [300, 300]                                        # tiny_prompts(2): one each
     prior = summaries["sparsespec:budget=0.5"]["run"]["cost_prior"]
     assert prior["draft_step_s"] > 0 and set(prior["verify_s"]) == {"1", "2"}   # sized to 2 x 10 tokens
+    assert prior["ar_step_s"] > 0                              # C_AR from the profile's k = 0 rounds
     assert summaries["sparsespec_fixed:k=4"]["run"]["cost_prior"] is None
     assert summaries["sparsespec:budget=0.5"]["metrics"]["outputs_match_ar"] == 1.0
 

@@ -16,7 +16,7 @@ def complete_members() -> dict:
     return {"max_k": property(lambda self: 1), "use_cost_prior": lambda self, profile: None,
             "start_round": lambda self, limit: min(1, limit), "keep_drafting_batch": lambda self, e: False,
             "submit_count": lambda self, drafted: drafted, "trace": lambda self: {},
-            "observe_batch": lambda self, entropies, accepted, submitted, draft_step_s, verify_s: None}
+            "observe_batch": lambda self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None: None}
 
 
 def test_the_protocol_is_the_batch_shaped_one():

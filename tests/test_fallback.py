@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparsespec.calibration import CostProfile
 from sparsespec.controllers import EntropyController
 from sparsespec.controllers.fallback import AR_PROBE, FALLBACK, PROBE, SPECULATE, PlainFallback
 
@@ -101,7 +102,7 @@ def test_the_entropy_controller_runs_a_fallback_round_as_no_draft_and_traces_why
     low = [0.3] * 16
     limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)       # A = 20 tokens/s
     assert (limit, k, trace["choice"]) == (0, 0, AR_PROBE) and "survival" not in trace
-    for _ in range(2):     # k <= 16 drafts, all accepted: at most 17 tokens in 16 * 0.01 + 1.0 s, < 20/s
+    for _ in range(3):     # k <= 16 drafts, all accepted: at most 17 tokens in 16 * 0.01 + 1.0 s, < 20/s
         limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
         assert trace["choice"] == SPECULATE and k >= 1 and trace["cost_ar"] == pytest.approx(0.05)
     limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
@@ -118,3 +119,84 @@ def test_without_fallback_the_rule_never_chooses_plain_decoding():
     for _ in range(10):
         limit, k, trace = scripted_round(ctl, [0.3] * 16, 0, 0.01, 5.0, ar_s=0.001)
         assert limit > 0 and k >= 1 and "choice" not in trace
+
+
+# --- like with like: whole rounds, a full window, a margin, a prior C_AR ------------------------
+
+def test_speculation_is_judged_on_whole_rounds_selection_and_discarded_steps_included():
+    # A = 10/s. Each round: 3 tokens; k C_d + C_v(k) = 0.25 s (12/s: wins), but the whole round,
+    # with its KV selection and a discarded draft step, takes 0.4 s (7.5/s: loses)
+    ctl = EntropyController(warmup_rounds=0, cost_window=3, fallback_margin=1.0)
+    ctl.c_draft, ctl.mu_acc, ctl.mu_rej = 0.01, 0.3, 3.0
+    ctl.c_verify.add(1, 0.2)
+    ctl.plain.seed_ar(0.10)
+    for _ in range(3):
+        assert ctl.start_round(limit=16) > 0
+        ctl.observe_batch([[0.3] * 5], [2], 5, 0.01, 0.2, round_s=0.4)
+    assert ctl.plain.falling_back and ctl.plain.speculation_rate() == pytest.approx(7.5)
+
+
+def test_a_run_whose_whole_rounds_beat_ar_never_falls_back_even_through_spikes():
+    ctl = EntropyController(warmup_rounds=0, cost_window=5)
+    ctl.c_draft, ctl.mu_acc, ctl.mu_rej = 0.01, 0.3, 3.0
+    ctl.c_verify.add(1, 0.2)
+    ctl.plain.seed_ar(0.10)                                       # A = 10/s
+    for i in range(60):   # 3 tokens in 0.28 s (10.7/s > A); every fifth round a 2 s spike
+        assert ctl.start_round(limit=16) > 0 and ctl.trace()["choice"] == SPECULATE
+        ctl.observe_batch([[0.3] * 2], [2], 2, 0.01, 0.2, round_s=2.0 if i % 5 == 4 else 0.28)
+    assert not ctl.plain.falling_back
+
+
+def test_a_bad_start_followed_by_good_rounds_within_the_window_does_not_fall_back():
+    rule = PlainFallback(window=5, probe_every=2, probe_max=4, margin=0.95)
+    assert step(rule, 0, 0) == AR_PROBE                          # A = 10/s
+    # three rounds of rejected drafts: 1 token in 0.2 s (5/s), then good ones: 5 tokens in 0.2 s.
+    # Judged at the full window only: tokens [1 1 1 5 5], mean 2.6, median 0.2 s: S = 13 >= 9.5
+    choices = [step(rule, 1, 0.2) for _ in range(3)] + [step(rule, 5, 0.2) for _ in range(10)]
+    assert choices == [SPECULATE] * 13 and not rule.falling_back
+
+
+def test_the_same_bad_start_would_have_fallen_back_when_judged_on_half_a_window():
+    rule = PlainFallback(window=5, probe_every=2, probe_max=4, margin=0.95)
+    rule.needed = 3                                               # the former rule: ceil(W/2) rounds
+    step(rule, 0, 0)
+    for _ in range(3):
+        step(rule, 1, 0.2)
+    assert rule.falling_back
+
+
+def test_speculation_within_the_margin_of_ar_goes_on_and_below_it_falls_back():
+    within = PlainFallback(window=3, probe_every=2, probe_max=4, margin=0.95)
+    step(within, 0, 0)                                            # A = 10/s
+    for _ in range(6):
+        step(within, 0.97, 0.1)                                   # S = 9.7/s: below A, above 0.95 A
+    assert not within.falling_back
+    below = PlainFallback(window=3, probe_every=2, probe_max=4, margin=0.95)
+    step(below, 0, 0)
+    for _ in range(3):
+        step(below, 0.93, 0.1)                                    # S = 9.3/s < 9.5/s
+    assert below.falling_back
+
+
+def test_a_prior_c_ar_opens_speculating_and_measured_ar_rounds_replace_it():
+    rule = PlainFallback(window=3, probe_every=1, probe_max=1)
+    rule.seed_ar(0.05)
+    assert rule.choose() == SPECULATE and rule.cost_ar() == pytest.approx(0.05)
+    for _ in range(3):
+        rule.observe(FALLBACK, 0, 1.0, 0.2)
+    assert rule.cost_ar() == pytest.approx(0.2)                   # the prior is out of the window
+
+
+def entropy_with_profile(ar_step_s):
+    ctl = EntropyController()
+    ctl.use_cost_prior(CostProfile(draft_step_s=0.01, verify_s={1: 0.1, 2: 0.11}, ar_step_s=ar_step_s,
+                                   accepted_entropy=0.3, rejected_entropy=3.0, acceptance_rate=0.8))
+    return ctl
+
+
+def test_with_a_profiled_c_ar_the_first_round_speculates_and_without_it_measures_ar():
+    ctl = entropy_with_profile(0.05)
+    assert ctl.start_round(limit=16) > 0 and ctl.trace()["choice"] == SPECULATE
+    assert ctl.trace()["cost_ar"] == pytest.approx(0.05)
+    ctl = entropy_with_profile(None)
+    assert ctl.start_round(limit=16) == 0 and ctl.trace()["choice"] == AR_PROBE

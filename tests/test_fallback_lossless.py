@@ -31,13 +31,14 @@ class InjectedCosts(EntropyController):
         super().__init__(**options)
         self.phase, self.offset = phase, int(loaded_first)
 
-    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
         loaded = (self.rounds_seen // self.phase + self.offset) % 2 == 1
         if submitted == 0:
             verify_s = 0.01                                    # A = 100 tokens/s
         else:   # quiet: >= 1 token in <= 16 * 1e-4 + 2e-3 s (> 270/s); loaded: <= 17 tokens in > 1 s
             draft_step_s, verify_s = (0.01, 1.0) if loaded else (1e-4, 2e-3)
-        super().observe_batch(entropies, accepted, submitted, draft_step_s, verify_s)
+        round_s = submitted * (draft_step_s or 0.0) + verify_s
+        super().observe_batch(entropies, accepted, submitted, draft_step_s, verify_s, round_s)
 
 
 def injected(method: str, options: dict, phase: int, loaded_first: bool = False) -> InjectedCosts:
@@ -128,3 +129,35 @@ def test_sampling_through_plain_and_speculative_rounds_emits_the_model_distribut
     assert total_variation(dist, exact) < TOLERANCE
     assert all(c[0] == "speculate" for c in choices)
     assert any(c[:2] == ["speculate", "fallback"] for c in choices)   # where a draft was rejected
+
+
+class RecordingRounds(EntropyController):
+    """The entropy controller, recording the whole-round seconds the loop gives it."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.round_s = []
+
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
+        self.round_s.append(round_s)
+        super().observe_batch(entropies, accepted, submitted, draft_step_s, verify_s, round_s)
+
+
+def test_the_loop_gives_the_controller_each_whole_rounds_seconds(references):
+    model, prompts, _ = references["llama"]
+    options = dict(controller="entropy", warmup_rounds=1, **MID_BUDGET)
+    start = sparsespec.prefill(model, prompts[0], methods={"s": ("sparsespec", options)}, max_new_tokens=16)["s"]
+    start.controller = RecordingRounds(**resolve("sparsespec", options).controller_options.as_dict())
+    gen = sparsespec.generate(model, prompts[0], prefilled=start, stop_at_eos=False)
+    assert any(r.select_s > 0 and r.draft_steps > 0 for r in gen.rounds)
+    assert start.controller.round_s == [pytest.approx(r.select_s + r.draft_s + r.verify_s) for r in gen.rounds]
+
+
+@pytest.mark.parametrize("ar_step_s,first", [(1e-3, "speculate"), (None, "ar_probe")])
+def test_a_profile_with_c_ar_opens_a_prompt_speculating_and_stays_lossless(references, ar_step_s, first):
+    model, prompts, ar = references["qwen2"]
+    options = dict(controller="entropy", **MID_BUDGET)
+    prior = CostProfile(draft_step_s=1e-3, verify_s={1: 5e-3, 2: 6e-3}, ar_step_s=ar_step_s)
+    start = sparsespec.prefill(model, prompts[1], methods={"s": ("sparsespec", options)}, max_new_tokens=NEW)["s"]
+    gen = sparsespec.generate(model, prompts[1], prefilled=start, cost_prior=prior, stop_at_eos=False)
+    assert gen.rounds[0].choice == first and gen.tokens == ar[1]

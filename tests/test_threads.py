@@ -11,7 +11,8 @@ import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
-                                    measure_planned, plan_profiles, profile_size)
+                                    PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, profile_cycle,
+                                    profile_size, reads_costs)
 from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
@@ -120,7 +121,7 @@ def test_a_smoke_run_plans_a_probe_and_ar_steps_at_every_count_and_nothing_more(
                          num_prompts=2, counts=(1, 2))
     assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("ar", 1), ("ar", 2)]
     probe = next(iter(jobs.values()))
-    assert probe.options["ks"] == FLOOR_KS and probe.length == cycle_tokens(FLOOR_KS, 1)
+    assert probe.options["ks"] == profile_cycle(FLOOR_KS) and probe.length == cycle_tokens(profile_cycle(FLOOR_KS), 1)
     assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entry == "ar")
 
 
@@ -128,7 +129,43 @@ def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
     jobs = plan_profiles({"sparsespec": ("sparsespec", {})}, ar=False, max_new_tokens=128, num_prompts=4, counts=(1, 2))
     assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("sparsespec", None)]
     sized = list(jobs.values())[-1]
-    assert sized.options["ks"] == DEFAULT_KS and sized.length == cycle_tokens(DEFAULT_KS, 2)
+    assert sized.options["ks"] == profile_cycle(DEFAULT_KS) and sized.length == cycle_tokens(profile_cycle(DEFAULT_KS), 2)
+
+
+def test_a_method_that_ignores_costs_gets_thread_probes_as_itself_and_no_cost_profile():
+    jobs = plan_profiles({"fixed": ("sparsespec", {"controller": "fixed", "k": 4}), "pld": ("pld", {})},
+                         ar=True, max_new_tokens=128, num_prompts=4, counts=(1, 2))
+    assert [(j.entry, j.threads, j.costs) for j in jobs.values()] == [
+        ("fixed", 1, False), ("fixed", 2, False), ("pld", 1, False), ("pld", 2, False), ("ar", 1, True), ("ar", 2, True)]
+    fixed = next(iter(jobs.values()))
+    assert fixed.options == {"controller": "fixed", "k": 4} and fixed.length == cycle_tokens(FLOOR_KS, 1)
+
+
+def test_every_drafting_method_is_probed_and_only_the_entropy_controller_reads_costs():
+    assert all(has_thread_probe(m) for m in ("sparsespec", "pld", "streaming", "layerskip", "oracle"))
+    assert not has_thread_probe("ar") and not has_thread_probe("no such method")
+    assert reads_costs("sparsespec", {}) and not reads_costs("sparsespec", {"controller": "fixed"})
+
+
+def test_every_profile_cycle_ends_with_plain_rounds_that_time_c_ar():
+    assert profile_cycle((1, 2)) == (1, 2) + (0,) * PLAIN_ROUNDS
+    assert 1 + PLAIN_ROUNDS >= MIN_AR_STEPS                  # with the profile's last token's round
+
+
+def test_c_ar_is_the_median_whole_round_without_a_draft():
+    from sparsespec.calibration import profile_of
+    from sparsespec.generation import Round
+    spec = Round(drafted=2, accepted=1, emitted=2, entropies=[0.1, 0.2], draft_s=0.02, verify_s=0.05, select_s=0.01,
+                 draft_steps=2)
+    plain = [Round(drafted=0, accepted=0, emitted=1, entropies=[], draft_s=0.0, verify_s=v, select_s=0.0) for v in
+             (0.04, 0.03, 0.9)]                                  # one slow step: ignored by the median
+    assert profile_of([spec, *plain]).ar_step_s == 0.04
+    assert profile_of([spec]).ar_step_s is None
+
+
+def test_an_entry_with_a_thread_choice_alone_counts_as_calibrated():
+    calibration = RunCalibration(choices={"fixed": threads.ThreadChoice(1, {1: 0.1, 2: 0.2}, "decode")})
+    assert "fixed" in calibration and calibration.get("fixed") is None and "other" not in calibration
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,10 +224,22 @@ def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
     assert spec.threads == min(spec.cost_s, key=spec.cost_s.get) and ar.threads == min(ar.cost_s, key=ar.cost_s.get)
     assert set(calibration.get("sparsespec").verify_s) == set(FLOOR_KS)
     assert threads.profile_work_s(calibration.get("sparsespec")) == spec.cost_s[spec.threads]
+    assert calibration.get("sparsespec").ar_step_s > 0                              # its own k = 0 rounds: C_AR
     assert spec.mixed is None or spec.mixed["switch_s"] >= 0
     assert calibration.threads_for("ar (reference)", "ar") == ar.threads
     assert calibration.threads_for("sparsespec", "sparsespec") == spec.threads
     assert calibration.threads_for("pld", "pld") is None
+
+
+@pytest.mark.slow   # decodes a tiny model at two thread counts
+def test_a_fixed_k_method_and_pld_get_a_thread_choice_from_their_own_decodes_and_no_prior(tiny):
+    jobs = plan_profiles({"fixed": ("sparsespec", {"budget": 0.5, "controller": "fixed", "k": 2}), "pld": ("pld", {})},
+                         ar=False, max_new_tokens=64, num_prompts=4, counts=(1, 2))
+    calibration = measured(tiny, random_prompt(200), jobs)            # pld may find nothing to propose
+    for entry in ("fixed", "pld"):
+        choice = calibration.choices[entry]
+        assert set(choice.cost_s) == {1, 2} and choice.threads == min(choice.cost_s, key=choice.cost_s.get)
+        assert calibration.get(entry) is None and entry in calibration
 
 
 def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):

@@ -9,7 +9,7 @@ batch of one; a batch drafts one k for every sequence):
     keep_drafting_batch(entropies)-> after each draft step (entropies[b]: sequence b's draft
                                      entropies this round): draft another?
     submit_count(drafted)         -> how many of the drafted tokens go to verification
-    observe_batch(entropies, accepted, submitted, draft_step_s, verify_s)
+    observe_batch(entropies, accepted, submitted, draft_step_s, verify_s, round_s)
                                   -> what verification decided, per sequence; the costs are the batch's
     trace()                       -> what the controller believed this round, for `Round`
 
@@ -36,6 +36,7 @@ class Controller(abc.ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type[OptionSet]]
     uses_entropy: ClassVar[bool] = False      # True: meaningless for drafters whose drafts have no entropy
+    reads_costs: ClassVar[bool] = False       # True: chooses from measured costs, so a run profiles them first
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -75,10 +76,11 @@ class Controller(abc.ABC):
 
     @abc.abstractmethod
     def observe_batch(self, entropies: Sequence[Sequence[float]], accepted: Sequence[int], submitted: int,
-                      draft_step_s: float | None, verify_s: float) -> None:
+                      draft_step_s: float | None, verify_s: float, round_s: float | None = None) -> None:
         """What one verification decided: `accepted[b]` of the `submitted` drafts of sequence b
-        (`entropies[b]` theirs); the seconds of one draft step (None: none ran) and of the
-        verification, the batch's."""
+        (`entropies[b]` theirs); the seconds of one draft step (None: none ran), of the
+        verification, and of the whole round (KV selection, every draft step run, verification;
+        None: not timed), the batch's."""
 
     @abc.abstractmethod
     def trace(self) -> dict:

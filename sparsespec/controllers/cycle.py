@@ -9,7 +9,8 @@ from .fixed import FixedK
 
 class CycleK(FixedK):
     """Cycle through `ks`, one k per round: the calibration profile's controller (every k is
-    measured on the same prompt and cache, repeatedly, before anything is timed)."""
+    measured on the same prompt and cache, repeatedly, before anything is timed; k = 0 is a round
+    with no draft, one AR step)."""
 
     name = "cycle"
 
@@ -17,7 +18,7 @@ class CycleK(FixedK):
     class Options(OptionSet):
         ks: tuple[int, ...] = option((1, 2, 4, 8, 12, 16), "spans the entropy controller's candidates, so "
                                                              "C_v(k)'s line is fitted, not extrapolated",
-                                     check=non_empty(at_least(1)))
+                                     check=non_empty(at_least(0)))
 
     def __init__(self, **options):
         super(FixedK, self).__init__(**options)       # FixedK's own option k does not apply
@@ -34,5 +35,5 @@ class CycleK(FixedK):
         self._limit = min(self.k, limit)
         return self._limit
 
-    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
         self.rounds += 1

@@ -49,8 +49,9 @@ step, one token per sequence for C_AR seconds. Once the rule is in charge, each 
 whether speculation is predicted to yield fewer tokens per second than AR, from robust (median)
 costs of recent rounds: then the round is an AR step ("fallback"), the drafter is not called, and
 every so often a "probe" round (k <= `prior_k`) re-measures speculation so that it returns when the
-load drops or acceptance rises. The first such round measures C_AR ("ar_probe"). Each round's
-trace records the choice.
+load drops or acceptance rises. Rounds are compared whole (selection, every draft step, verification),
+and speculation must lose by `fallback_margin` over a full window. The first such round measures
+C_AR ("ar_probe") unless the cost profile brings it. Each round's trace records the choice.
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class EntropyController(Controller):
 
     name = "entropy"
     uses_entropy = True
+    reads_costs = True
 
     @dataclass(frozen=True)
     class Options(OptionSet):
@@ -107,6 +109,9 @@ class EntropyController(Controller):
                                      "round in 9", check=at_least(1))
         probe_max: int = option(64, "the longest wait between probes while speculation keeps losing: probes "
                                     "then cost at most one round in 65", check=at_least(1))
+        fallback_margin: float = option(0.95, "fall back only when speculation's rate is below 0.95 x AR's: "
+                                              "medians of a few rounds are a few percent noisy, and a wrong "
+                                              "fallback forgoes the whole speed-up", check=in_range(0, 1, high_open=False))
 
     def __init__(self, acceptance_fn: Callable[..., float] = paper_acceptance, **options):
         super().__init__(**options)
@@ -132,7 +137,7 @@ class EntropyController(Controller):
         self.c_verify = (HullCostModel if o.verify_cost_fit == "hull" else LinearCostModel)(ema=o.ema_cost)
         self.rounds_seen = 0
         self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
-        self.plain = PlainFallback(o.cost_window, o.probe_every, o.probe_max) if o.fallback else None
+        self.plain = PlainFallback(o.cost_window, o.probe_every, o.probe_max, o.fallback_margin) if o.fallback else None
         self._reset_round(limit=self.max_k)
 
     @property
@@ -141,10 +146,13 @@ class EntropyController(Controller):
 
     def use_cost_prior(self, profile) -> None:
         """Measured C_d and C_v(k) (a `sparsespec.calibration.CostProfile`) replace the warm-up: the
-        rule is in charge from round one and refines the costs online (the EMAs start from the profile)."""
+        rule is in charge from round one and refines the costs online (the EMAs start from the profile).
+        The profile's C_AR, when measured, seeds the fallback's AR window: no `ar_probe` round."""
         self.c_draft = profile.draft_step_s
         for k, seconds in profile.verify_s.items():
             self.c_verify.by_k[int(k)] = seconds
+        if self.plain is not None and profile.ar_step_s is not None:
+            self.plain.seed_ar(profile.ar_step_s)
         self.warmup_rounds = 0
         self.use_acceptance_prior(profile)
 
@@ -262,17 +270,19 @@ class EntropyController(Controller):
             return drafted
         return min(self._submit, drafted)
 
-    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
         """Every sequence's tokens update the entropy centres and counts; the round count and the
-        costs (the batch's) update once."""
+        costs (the batch's) update once. The fallback rule weighs the whole round's seconds
+        (`round_s`; without it, k C_d + C_v(k))."""
         self.rounds_seen += 1
         for seq_entropies, a in zip(entropies, accepted):
             self._learn(seq_entropies, a, submitted)
         self._learn_costs(submitted, draft_step_s, verify_s)
         if self.plain is not None:
             tokens = sum(a + 1 for a in accepted) / len(accepted) if accepted else 1.0   # per sequence
-            seconds = submitted * (draft_step_s or 0.0) + verify_s                      # k C_d + C_v(k)
-            self.plain.observe(self._choice, submitted, tokens, seconds)
+            if round_s is None:
+                round_s = submitted * (draft_step_s or 0.0) + verify_s                  # k C_d + C_v(k)
+            self.plain.observe(self._choice, submitted, tokens, round_s)
 
     def _learn(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
         self.n_accepted += accepted

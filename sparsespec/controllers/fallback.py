@@ -1,27 +1,33 @@
 """Plain decoding as a candidate: when speculation is predicted slower than AR, a round is one AR
 step (k = 0: no draft, a verification of the last token alone, one token per sequence).
 
-Rates, from recent measured rounds (W = `window`):
+Rates, from recent measured rounds (W = `window`), each round's seconds its whole wall time
+(KV selection, every draft step run, discarded ones too, and the verification), for AR rounds and
+speculative rounds alike:
     A = 1 / median(seconds of the last W AR rounds)                            AR tokens/s per sequence
     S = mean(tokens of the last W speculative rounds) / median(their seconds)    speculation's tokens/s
-where a speculative round's tokens are mean_b (a_b + 1) and its seconds k * C_d + C_v(k), as
-measured. Medians for seconds: one round slowed by a burst of background load moves nothing, and a
-lasting change moves the median within ceil(W/2) rounds. The mean for tokens: acceptance has no
-spikes, and the median of a skewed count is biased.
+where a speculative round's tokens are mean_b (a_b + 1). Medians for seconds: one round slowed by a
+burst of background load moves nothing, and a lasting change moves the median within ceil(W/2)
+rounds. The mean for tokens: acceptance has no spikes, and the median of a skewed count is biased.
+A prior C_AR (a cost profile's k = 0 rounds, `seed_ar`) is the AR window's first entry, so a prompt
+with one opens speculating; the AR rounds it runs replace it.
+
+Speculation loses when S < margin * A, judged only on a full window of W speculative rounds: a
+short stretch of rejected drafts at the start of a prompt, or a median a few percent off, does not
+switch to AR.
 
 The choice, each round:
-    no AR round measured yet                       -> "ar_probe" (k = 0, to measure A)
-    speculating                                    -> "speculate"; after the round, if at least
-                                                      ceil(W/2) speculative rounds are measured and
-                                                      S < A, switch to fallback
+    no AR round measured and no prior              -> "ar_probe" (k = 0, to measure A)
+    speculating                                    -> "speculate"; after the round, if speculation
+                                                      loses, switch to fallback
     in fallback, fewer than `wait` AR rounds since
     the last probe                                 -> "fallback" (k = 0)
     otherwise                                      -> "probe": one speculative round (the caller
                                                       bounds its k); after it
-        S >= A                        -> speculate again; wait <- probe_every
-        the probe's own (a + 1) / s >= A -> probe again next round (good probes refill the window,
-                                           so S catches up within ceil(W/2) rounds)
-        else                          -> wait <- min(2 wait, probe_max); count AR rounds afresh
+        speculation no longer loses        -> speculate again; wait <- probe_every
+        the probe's own (a + 1) / s >= margin * A -> probe again next round (good probes refill
+                                           the window, so S catches up within ceil(W/2) rounds)
+        else                               -> wait <- min(2 wait, probe_max); count AR rounds afresh
 So while speculation keeps losing, probes come ever more rarely (every probe_every, 2 probe_every,
 ..., probe_max AR rounds), and each costs at most one bounded speculative round.
 """
@@ -38,12 +44,12 @@ PLAIN = (FALLBACK, AR_PROBE)       # the choices that run a round with no draft
 class PlainFallback:
     """The choice between speculation and plain decoding (module docstring)."""
 
-    def __init__(self, window: int, probe_every: int, probe_max: int):
-        self.probe_every, self.probe_max = probe_every, probe_max
+    def __init__(self, window: int, probe_every: int, probe_max: int, margin: float = 1.0):
+        self.probe_every, self.probe_max, self.margin = probe_every, probe_max, margin
         self.ar_seconds: deque[float] = deque(maxlen=window)
         self.spec_tokens: deque[float] = deque(maxlen=window)
         self.spec_seconds: deque[float] = deque(maxlen=window)
-        self.needed = math.ceil(window / 2)        # speculative rounds measured before S is trusted
+        self.needed = window                       # speculative rounds measured before S is judged
         self.falling_back = False
         self.wait = probe_every                    # AR rounds between probes
         self.idle = 0                              # AR rounds since entering fallback or the last probe
@@ -53,15 +59,24 @@ class PlainFallback:
         """C_AR: the median seconds of the recent AR rounds."""
         return statistics.median(self.ar_seconds) if self.ar_seconds else None
 
+    def seed_ar(self, seconds: float) -> None:
+        """A prior C_AR (seconds of one AR step, measured before this prompt): A is known from the
+        first round, so no `ar_probe` is run; measured AR rounds push it out of the window."""
+        self.ar_seconds.append(seconds)
+
     def ar_rate(self) -> float:
         return 1.0 / self.cost_ar()
+
+    def threshold(self) -> float:
+        """The rate speculation must reach to go on: margin * A."""
+        return self.margin * self.ar_rate()
 
     def speculation_rate(self) -> float:
         """S: mean tokens over median seconds of the recent speculative rounds."""
         return statistics.fmean(self.spec_tokens) / statistics.median(self.spec_seconds)
 
     def speculation_loses(self) -> bool:
-        return len(self.spec_seconds) >= self.needed and self.speculation_rate() < self.ar_rate()
+        return len(self.spec_seconds) >= self.needed and self.speculation_rate() < self.threshold()
 
     def choose(self) -> str:
         """This round's choice (module docstring)."""
@@ -74,7 +89,7 @@ class PlainFallback:
         return FALLBACK
 
     def observe(self, choice: str, submitted: int, tokens: float, seconds: float) -> None:
-        """A measured round: `tokens` per sequence in `seconds`; `choice` is what `choose` said ("" for
+        """A measured round: `tokens` per sequence in `seconds` (the whole round's); `choice` is what `choose` said ("" for
         a round it did not choose, e.g. a warm-up or the last, token-limited round: measured alone)."""
         if submitted == 0:
             self.ar_seconds.append(seconds)
@@ -91,7 +106,7 @@ class PlainFallback:
     def after_probe(self, probe_rate: float) -> None:
         if not self.speculation_loses():
             self.falling_back, self.wait, self.probe_again = False, self.probe_every, False
-        elif probe_rate >= self.ar_rate():
+        elif probe_rate >= self.threshold():
             self.probe_again = True
         else:
             self.probe_again, self.idle = False, 0

@@ -39,7 +39,7 @@ class FixedK(Controller):
     def submit_count(self, drafted: int) -> int:
         return drafted
 
-    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
         pass
 
     def trace(self) -> dict:

@@ -23,6 +23,6 @@ class HeuristicK(FixedK):
     def max_k(self) -> int:
         return max(self.opts.max_k, self.opts.k)
 
-    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s) -> None:
+    def observe_batch(self, entropies, accepted, submitted, draft_step_s, verify_s, round_s=None) -> None:
         if submitted:
             self.k = min(self.k + 2, self.max_k) if min(accepted) == submitted else max(self.k - 1, 1)

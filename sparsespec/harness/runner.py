@@ -36,7 +36,7 @@ from sparsespec.tasks import load_prompts
 
 from . import environment
 from .checks import (as_dict, check_config, check_context_fits, context_warnings, device_name,
-                     method_options, model_spec, resolved_options)
+                     method_options, model_spec)
 from .entries import entry_folder, entry_key, method_node, resolved_method_options
 from .folder_lock import hold_folder
 from .order import prompt_order
@@ -200,16 +200,16 @@ PREFILL_MEMO = PrefillMemo()
 
 
 def profiles_to_measure(todo: list["MethodRun"], cfg: DictConfig, cost_priors: RunCalibration) -> dict:
-    """label -> ProfileJob (sparsespec/calibration.py) still to measure: for each run in `todo` whose
-    controller reads costs (the entropy controller) and has no prior yet, a thread probe at every
-    count (sparsespec/threads.py) and a cost profile sized to the run; AR steps at every count while
+    """label -> ProfileJob (sparsespec/calibration.py) still to measure: for each drafting run in `todo`
+    not yet calibrated, a thread probe at every count (sparsespec/threads.py), and for one whose
+    controller reads costs (the entropy controller) a cost profile sized to the run; AR steps at every count while
     AR's threads are unchosen. Each is measured on the prefill of the prompt (or batch) about to be
     decoded, before its methods decode, so it costs no prefill of its own."""
     if not cfg.cost_profile:
         return {}
     wanted = {run.entry: (run.method, run.options) for run in todo
               if run.entry not in cost_priors and not hf_reference.is_reference(run.method)
-              and resolved_options(run.method, run.options).get("controller") == "entropy"}
+              and calibration.has_thread_probe(run.method)}
     ar = AR not in cost_priors.choices and any(m == AR for m, _ in decoders_for(todo, cfg).values())
     return calibration.plan_profiles(wanted, ar=ar, max_new_tokens=cfg.max_new_tokens, num_prompts=cfg.num_prompts)
 
