@@ -28,7 +28,6 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import lm_eval_stats
-from sparsespec.batch import batched_methods
 from sparsespec.eos import eos_token_ids
 from sparsespec.errors import ConfigError, UnavailableError
 from sparsespec.method_options import coerce_options, option_names, resolve
@@ -49,8 +48,8 @@ NEUTRAL_GEN_KWARGS = {"top_k": (None, 0), "num_beams": (1,), "repetition_penalty
 @register_model("sparsespec")
 class SparseSpecLM(HFLM):
     """HFLM whose `generate_until` decodes with a sparsespec method, through one path: lm-eval's
-    left-padded batches (`batch_size=N`) where the method runs batched
-    (sparsespec.batch.batched_methods), else batches of one request."""
+    left-padded batches (`batch_size=N`; a method that cannot draft for a batch decodes its rows one
+    at a time inside `sparsespec.generate`)."""
 
     def __init__(self, pretrained, method: str = "sparsespec", **model_args):
         method, hf_args, options = parse_model_args(method, model_args)
@@ -67,19 +66,14 @@ class SparseSpecLM(HFLM):
         self.generation_batch_size = self.generation_batch_size_for(self.batch_size)
 
     def generation_batch_size_for(self, batch_size) -> int:
-        size = int(batch_size) if str(batch_size).isdigit() else 1
-        if size > 1 and self.method not in batched_methods():
-            logger.warning("method %s does not run batched (batched methods: %s); generate_until decodes one "
-                           "request at a time, batch_size=%d batches log-likelihoods only",
-                           self.method, ", ".join(batched_methods()), size)
-            return 1
-        return size
+        """Requests `generate_until` decodes together: `--batch_size N` (`auto` is refused earlier)."""
+        return int(batch_size) if str(batch_size).isdigit() else 1
 
     # --- generation -------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """HFLM's own request handling (truncation, stop strings, decoding), in HFLM's batches of
-        `--batch_size` for a batched method, else one request at a time. Each request's Generation
-        is found again by its context ids, encoded as HFLM encodes them."""
+        `--batch_size`. Each request's Generation is found again by its context ids, encoded as HFLM
+        encodes them."""
         chunks = [requests] if self.generation_batch_size > 1 else [[request] for request in requests]
         quiet = disable_tqdm or self.rank != 0
         outputs = []
