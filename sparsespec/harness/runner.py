@@ -24,8 +24,8 @@ from omegaconf import DictConfig
 
 from sparsespec.calibration import RunCalibration
 
-from . import environment
-from .decoding import PREFILL_MEMO, decode_all, load_inputs, warm_up
+from . import decoding, environment
+from .decoding import decode_all, load_inputs, warm_up
 from .folder_lock import hold_folder
 from .plan import MethodRun, open_results, shared_with
 from .recording import open_trackers, print_table, summary_of, write_summary
@@ -55,8 +55,8 @@ def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: 
         open_results(method_run, config)
     torch.manual_seed(config.seed)
     busy_before = environment.cpu_busy_fraction()
-    PREFILL_MEMO.resize(int(config.prefill_memo_gb * 2**30))
-    hits_before = PREFILL_MEMO.hits
+    decoding.PREFILL_MEMO.resize(int(config.prefill_memo_gb * 2**30))
+    hits_before = decoding.PREFILL_MEMO.hits
 
     model, tokenizer, prompts = load_inputs(config)
     pending = [p for p in prompts if not all(r.done(p) for r in runs)]
@@ -80,7 +80,7 @@ def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: 
             samples = [method_run.finished[(str(p.id), method_run.label)] for p in prompts]
             summary = summary_of(config, method_run, samples, model=model, started=started, shared_with=sharing,
                                  bench=bench, cost_prior=cost_priors.get(method_run.entry),
-                                 prefills_reused=PREFILL_MEMO.hits - hits_before,
+                                 prefills_reused=decoding.PREFILL_MEMO.hits - hits_before,
                                  thread_choice=cost_priors.choices.get(AR if method_run.method == AR else method_run.entry),
                                  load=load)
             write_summary(method_run, summary, samples)
