@@ -21,7 +21,7 @@ from sparsespec.errors import ConfigError
 from sparsespec.harness.entries import entry_folder, method_node
 from sparsespec.harness.plan import REFERENCE
 from sparsespec.harness.results import aggregate
-from sparsespec.harness.run_config import build_run_config
+from sparsespec.harness.run_config import batch_size, build_run_config, check_method, method_specs
 from sparsespec.threads import thread_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,7 +210,8 @@ def test_bench_experiments_list_methods_that_run_at_their_contexts(name, tmp_pat
         assert str(cfg.hydra.mode) == "RunMode.MULTIRUN" and cfg.bench.methods
         for ctx in contexts:
             cell = compose("config", overrides=[f"experiment={name}", f"ctx={ctx}"])
-            build_run_config(cell, tmp_path)
+            for spec in method_specs(cell, tmp_path):       # the methods alone: a cell's model is the sweep's
+                check_method(spec, batch_size(cell))
 
 
 @pytest.mark.slow
