@@ -3,7 +3,8 @@
 An entry is `name[:option=value,...]`; `name` is a conf/method file or one of transformers' reference
 decoders (`hf_generate`, `hf_pld`). Two entries are the same when they resolve to the same method
 with the same options (every declared default filled in): `sparsespec`, `sparsespec:` and
-`sparsespec:budget=0.05` (the declared default) are one entry.
+`sparsespec:budget=0.05` (the declared default) are one entry (`run_config.MethodSpec.key`). The
+run composes each entry once, while its config is built (`run_config.build_run_config`).
 """
 from __future__ import annotations
 
