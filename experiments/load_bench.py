@@ -165,7 +165,8 @@ def run_case(load: Load, folder: Path, overrides: list[str], load_s: float, meth
 def case_record(load: Load, folder: Path, summaries: dict, background: Background, overrides: list[str],
                 method: str) -> dict:
     """What case.json holds: the case's speeds, threads, k = 0 share, and whether load and machine were as meant."""
-    from sparsespec.harness.runner import AR, entry_folder
+    from sparsespec.harness.entries import entry_folder
+    from sparsespec.harness.run_config import AR
 
     ar, spec = summaries[AR], summaries[method]
     samples = [json.loads(line) for line in (folder / entry_folder(method) / "samples.jsonl").read_text().splitlines()]

@@ -48,15 +48,10 @@ from .eos import through_eos
 from .errors import ConfigError
 from .generation import Generation, Round
 from .logits import target_logits
-from .methods import METHODS
 from .methods.base import BatchDraft, DecodeState
 from .sampling import Sampler, accept_greedy, accept_sampling
 from .selection import sliding_window_of
 from .timing import RoundTimers, Stopwatch, synchronize
-
-
-def batched_methods() -> list[str]:
-    return sorted(name for name, cls in METHODS.items() if cls.batchable)
 
 
 # --- input: a batch of prompts ----------------------------------------------------------------
@@ -142,16 +137,6 @@ class BatchGenerations(list):
         """Throughput over the batch: decode tokens of every sequence over the batch's decode time."""
         decode_tokens = sum(g.decode_tokens for g in self)
         return decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-
-def check_batchable(method: str, options: dict) -> None:
-    """Refuse a batch of more than one prompt for a method that is not `batchable`. `decode` itself
-    needs no such check (it decodes such a batch one sequence at a time)."""
-    if method not in batched_methods():
-        raise ConfigError(f"method {method!r} does not run batched yet; batched methods: {batched_methods()}")
-    if options.get("compile_draft") or options.get("static_draft"):
-        raise ConfigError("static_draft/compile_draft are single-sequence options; a batch drafts over "
-                          "its own padded draft cache (set them false, or decode one prompt)")
 
 
 def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:

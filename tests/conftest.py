@@ -125,7 +125,7 @@ def harness_run(monkeypatch):
     lengths = (300, 120, 250, 90, 200)
     prompts = [SimpleNamespace(id=f"p{i}", input_ids=random_prompt(n, seed=i)[0], reference=None)
                for i, n in enumerate(lengths)]
-    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (model, Tokenizer(), prompts[:cfg.num_prompts]))
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg: (model, Tokenizer(), prompts[:cfg.num_prompts]))
     conf = Path(__file__).resolve().parents[1] / "conf"
 
     def run(folder, *overrides):

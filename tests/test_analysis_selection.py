@@ -111,7 +111,7 @@ def test_selection_command_reads_a_harness_budget_sweep(harness_run, tmp_path):
     assert "recent=8" in (tmp_path / "sweep" / "selection.md").read_text()
 
     from analysis.load import load_results
-    from sparsespec.harness.runner import entry_folder
+    from sparsespec.harness.entries import entry_folder
     table = selection.budget_table(selection.selection_samples(load_results(tmp_path / "sweep")))
     assert len(table) == len(entries) and table["outputs_match_ar"].all()
     for entry in entries[:4]:

@@ -5,9 +5,11 @@ under sampling, the joint output of a batch is exactly the product of the model'
 A method that is not batchable decodes a batch one sequence at a time, with the same guarantees."""
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
+
 import pytest
 import torch
 
@@ -351,10 +353,10 @@ def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(ha
                                                                                prefill_forwards):
     """prefill_memo_gb keeps the prompts' prefills from one run of the process to the next: the B=2
     run after the B=1 run runs no prefill forward, says so, and stays lossless."""
-    import sparsespec.harness.runner as runner
+    import sparsespec.harness.decoding as decoding
     import sparsespec.shared_prefill as shared_prefill
     run, _, prompts = harness_run
-    monkeypatch.setattr(runner, "PREFILL_MEMO", shared_prefill.PrefillMemo())
+    monkeypatch.setattr(decoding, "PREFILL_MEMO", shared_prefill.PrefillMemo())
     forwards = prefill_forwards
     common = ("num_prompts=4", "warmup=true", "cost_profile=false", "prefill_memo_gb=0.5",
               "bench.methods=['snapkv_static:k=3,budget=0.3']")
@@ -368,7 +370,7 @@ def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(ha
         assert second[entry]["run"]["prefills_reused"] == 4
     assert second["snapkv_static:k=3,budget=0.3"]["metrics"]["outputs_match_ar"] == 1.0
     run(tmp_path / "off", "batch_size=2", *common[:-2], "prefill_memo_gb=0", common[-1])
-    assert len(forwards) == 7 + 2 + 4 and not runner.PREFILL_MEMO.kept   # 0 GiB: nothing kept, all prefilled
+    assert len(forwards) == 7 + 2 + 4 and not decoding.PREFILL_MEMO.kept   # 0 GiB: nothing kept, all prefilled
 
 
 @pytest.mark.slow   # a harness sweep in-process
@@ -436,10 +438,12 @@ def test_cost_split_recovers_per_step_and_per_sequence_costs():
     assert split["per_sequence_share_ar_at_max_B"] == pytest.approx(32 / 42)
 
 
-def test_harness_refuses_a_method_that_does_not_run_batched(harness_run, tmp_path):
+def test_harness_decodes_a_batch_of_a_method_that_cannot_batch_one_sequence_at_a_time(harness_run, tmp_path):
     run, _, _ = harness_run
-    with pytest.raises(ConfigError, match="does not run batched"):
-        run(tmp_path / "c", "batch_size=2", "method=quest")
+    summary = run(tmp_path / "c", "batch_size=2", "method=quest", "num_prompts=3")
+    samples = [json.loads(line) for line in (tmp_path / "c" / "samples.jsonl").read_text().splitlines()]
+    assert summary["run"]["batch_size"] == 2 and summary["metrics"]["outputs_match_ar"] == 1.0
+    assert [s["batch_row"] for s in samples] == [0, 1, 0] and all(s["batch_size"] == 2 for s in samples)
     with pytest.raises(ConfigError, match="batch_size=0"):
         run(tmp_path / "d", "batch_size=0")
 
@@ -476,8 +480,8 @@ def test_bench_batch_experiment_cells_are_valid(tmp_path):
 
     from hydra import compose, initialize_config_dir
 
-    import sparsespec.harness.runner as runner
     from sparsespec.harness.checks import check_config
+    from sparsespec.harness.run_config import build_run_config
 
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=bench_batch_cpu"], return_hydra_config=True)
@@ -488,8 +492,7 @@ def test_bench_batch_experiment_cells_are_valid(tmp_path):
                 cell = compose("config", overrides=["experiment=bench_batch_cpu", f"ctx={ctx}", f"batch_size={size}"])
                 check_config(cell)
                 assert cell.num_prompts % int(size) == 0
-                for method_run in runner.method_runs(cell, tmp_path):
-                    runner.check_method_run(method_run)
+                build_run_config(cell, tmp_path)
 
 
 def test_batched_sampling_is_reproducible_with_a_seed(references):

@@ -13,11 +13,15 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+import sparsespec.harness.decoding as decoding
 import sparsespec.harness.runner as runner
 from analysis.figures import main as figures_main
 from conftest import build_tiny, random_prompt, slow_but
 from sparsespec.errors import ConfigError
+from sparsespec.harness.entries import entry_folder, method_node
+from sparsespec.harness.plan import REFERENCE
 from sparsespec.harness.results import aggregate
+from sparsespec.harness.run_config import build_run_config, method_specs
 from sparsespec.threads import thread_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,14 +53,14 @@ def tiny_llama():
 def bench(monkeypatch, tiny_llama):
     """Run the harness in-process on the tiny model; returns (run, calls), calls being the
     decoders each prompt was decoded with."""
-    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (tiny_llama, Tokenizer(), tiny_prompts(cfg.num_prompts)))
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg: (tiny_llama, Tokenizer(), tiny_prompts(cfg.num_prompts)))
     calls = []
-    decode_prompt = runner.decode_prompt
+    decode_batch = decoding.decode_batch
 
-    def recording(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors=None, profiles=None):
-        calls.append((len(input_ids), seed, list(decoders)))
-        return decode_prompt(model, input_ids, decoders, cfg, seed, max_new_tokens, cost_priors, profiles)
-    monkeypatch.setattr(runner, "decode_prompt", recording)
+    def recording(model, inputs, decoders, config, seed, max_new_tokens, cost_priors=None, profiles=None):
+        calls.append((len(inputs[0]), seed, list(decoders)))
+        return decode_batch(model, inputs, decoders, config, seed, max_new_tokens, cost_priors, profiles)
+    monkeypatch.setattr(decoding, "decode_batch", recording)
 
     def run(folder: Path, *overrides: str) -> dict:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -139,7 +143,7 @@ def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, 
     calls.clear()
     run(cell, "cost_profile=false")
     # prompt p1 only: AR as reference, and pld
-    assert [(n, seed, sorted(d)) for n, seed, d in calls] == [(300, 1, sorted([runner.REFERENCE, "pld"]))]
+    assert [(n, seed, sorted(d)) for n, seed, d in calls] == [(300, 1, sorted([REFERENCE, "pld"]))]
     assert all((cell / f / "samples.jsonl").read_text() == text for f, text in before.items())
     summary, samples = read(cell / "pld")
     assert [s["prompt_id"] for s in samples] == ["p0", "p1"] and summary["metrics"]["n_prompts"] == 2
@@ -151,17 +155,17 @@ def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, 
 
 def test_method_entries_take_options_and_are_checked(tmp_path):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        node = runner.method_node("sparsespec_fixed:k=8,recent=32,draft_weights=full")
+        node = method_node("sparsespec_fixed:k=8,recent=32,draft_weights=full")
         assert (node.name, node.label, node.options.k, node.options.recent, node.options.draft_weights) == \
             ("sparsespec", "sparsespec_fixed recent=32,draft_weights=full", 8, 32, "full")
-        assert runner.method_node("hf_pld:prompt_lookup_num_tokens=5").options.prompt_lookup_num_tokens == 5
+        assert method_node("hf_pld:prompt_lookup_num_tokens=5").options.prompt_lookup_num_tokens == 5
         cfg = compose("config", overrides=["bench.methods=['streaming:bogus=1']"])
         with pytest.raises(ConfigError, match="bogus"):
-            runner.method_runs(cfg, tmp_path)
+            build_run_config(cfg, tmp_path)
         cfg = compose("config", overrides=["bench.methods=['hf_generate:colour=2']"])
         with pytest.raises(ConfigError, match="colour"):
-            runner.method_runs(cfg, tmp_path)
-    assert runner.entry_folder("sparsespec_fixed:k=4,recent=128") == "sparsespec_fixed-k=4-recent=128"
+            build_run_config(cfg, tmp_path)
+    assert entry_folder("sparsespec_fixed:k=4,recent=128") == "sparsespec_fixed-k=4-recent=128"
 
 
 def test_entries_that_resolve_alike_are_decoded_once_into_one_folder(bench, tmp_path, capsys):
@@ -185,7 +189,7 @@ def test_different_entries_never_share_a_folder(tmp_path):
         cfg = compose("config", overrides=["bench.methods=['assisted:draft_model=truncated:1',"
                                            "'assisted:draft_model=truncated/1']"])
         with pytest.raises(ConfigError, match="differ but would share the folder .*assisted-draft_model=truncated-1"):
-            runner.method_runs(cfg, tmp_path)
+            build_run_config(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("entry,names", [("sparsespc", "unknown method 'sparsespc'.*accepted: .*sparsespec_fixed"),
@@ -193,7 +197,7 @@ def test_different_entries_never_share_a_folder(tmp_path):
                                          ("streaming:=4", "'=4' must be option=value")])
 def test_a_bad_method_entry_is_one_line_naming_it(entry, names):
     with pytest.raises(ConfigError, match=names) as error:
-        runner.method_node(entry)
+        method_node(entry)
     assert "\n" not in str(error.value) and entry in str(error.value)
 
 
@@ -206,8 +210,8 @@ def test_bench_experiments_list_methods_that_run_at_their_contexts(name, tmp_pat
         assert str(cfg.hydra.mode) == "RunMode.MULTIRUN" and cfg.bench.methods
         for ctx in contexts:
             cell = compose("config", overrides=[f"experiment={name}", f"ctx={ctx}"])
-            for method_run in runner.method_runs(cell, tmp_path):
-                runner.check_method_run(method_run)
+            specs = method_specs(cell, tmp_path)            # the methods alone: a cell's model is the sweep's
+            assert [s.entry for s in specs][0] == "ar" and len(specs) == len(set(cfg.bench.methods) | {"ar"})
 
 
 @pytest.mark.slow
@@ -236,7 +240,6 @@ def test_bench_experiment_runs_and_analysis_reads_it(tmp_path):
 
 def test_an_entry_with_options_other_than_k_and_budget_gets_its_own_label():
     """Two entries of one method must not share a label, or analysis/ pools their samples."""
-    from sparsespec.harness.runner import method_node
     assert method_node("sparsespec").label == "sparsespec"
     assert method_node("sparsespec_fixed:k=4").label == "sparsespec_fixed"          # analysis adds "k=4"
     paper = method_node("sparsespec:acceptance_model=paper,budget=0.05")

@@ -190,25 +190,27 @@ def test_output_folder_that_cannot_be_made_is_one_line_error(tmp_path):
 
 def fake_inputs(monkeypatch, crash_on: str | None = None) -> None:
     """`runner.run` with no model: two prompts, each given a made-up sample (or a crash on `crash_on`)."""
-    from sparsespec.harness import runner
+    from sparsespec.harness import decoding, runner
+    from sparsespec.harness.plan import result_names
 
     prompts = [SimpleNamespace(id=f"p{i}", reference=None, input_ids=None) for i in range(2)]
-    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (torch.nn.Linear(1, 1), None, prompts))
-    monkeypatch.setattr(runner, "decode_prompt", lambda model, ids, decoders, *args, **kw: dict.fromkeys(decoders))
+    monkeypatch.setattr(runner, "load_inputs", lambda config: (torch.nn.Linear(1, 1), None, prompts))
+    monkeypatch.setattr(decoding, "decode_batch",
+                        lambda model, inputs, decoders, *args, **kw: {d: [None] * len(inputs) for d in decoders})
 
-    def sample_of(run, prompt, gen, ref, model, tokenizer):
+    def sample_of(config, run, prompt, gen, ref, model, tokenizer):
         if prompt.id == crash_on:
             raise RuntimeError(f"boom on {prompt.id}")
         return build_sample(prompt=prompt, gen=fake_gen([1] * 3, [(2, 1)], decode_s=1.0), ref=None,
-                            names=runner.result_names(run.cfg), ctx=run.cfg.ctx, text="t", score=None, greedy=True)
+                            names=result_names(config, run.spec), ctx=config.ctx, text="t", score=None, greedy=True)
 
-    monkeypatch.setattr(runner, "sample_of", sample_of)
+    monkeypatch.setattr(decoding, "sample_of", sample_of)
 
 
 def test_a_run_stopped_after_loading_leaves_its_folder_free_for_new_settings(tmp_path, hydra_conf, monkeypatch):
     from sparsespec.harness import runner
 
-    def bad_input(cfg, device):
+    def bad_input(config):
         raise ConfigError("a bad input found only once the model is loaded")
 
     monkeypatch.setattr(runner, "load_inputs", bad_input)
@@ -669,8 +671,8 @@ def test_a_sweep_job_that_crashes_is_recorded_and_listed(tmp_path):
     the other jobs run, the sweep report lists it by its first line and exits 2."""
     code = ("import runpy, sys\n"
             "from sparsespec.harness import runner\n"
-            "def crash(cfg, device):\n"
-            "    raise RuntimeError(f'boom at seed {cfg.seed}')\n"
+            "def crash(config):\n"
+            "    raise RuntimeError(f'boom at seed {config.seed}')\n"
             "runner.load_inputs = crash\n"
             "sys.argv[0] = sys.argv[1]\n"
             "del sys.argv[1]\n"

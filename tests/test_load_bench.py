@@ -124,7 +124,7 @@ def tiny_harness(monkeypatch):
     def prompts(n):
         return [SimpleNamespace(id=f"p{i}", input_ids=random_prompt(300, seed=i)[0], reference=None) for i in range(n)]
     tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: " ".join(map(str, ids)))
-    monkeypatch.setattr(runner, "load_inputs", lambda cfg, device: (model, tokenizer, prompts(cfg.num_prompts)))
+    monkeypatch.setattr(runner, "load_inputs", lambda cfg: (model, tokenizer, prompts(cfg.num_prompts)))
 
 
 @pytest.mark.slow   # three harness runs beside worker processes

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import sparsespec.harness.runner as runner
+import sparsespec.harness.decoding as decoding
 from analysis.load import load_results
 from sparsespec.errors import ConfigError
 from sparsespec.harness.checks import check_config
 from sparsespec.harness.order import prompt_order
+from sparsespec.harness.plan import REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRIES = ["ar", "sparsespec", "sparsespec_fixed:k=4", "streaming", "pld", "hf_generate"]
@@ -70,15 +71,13 @@ def decoded(harness_run, monkeypatch):
     """(run, calls): the tiny-model harness and, per decode call, (seed, the decoders in the order given)."""
     run, _, _ = harness_run
     calls = []
-    decode_prompt, decode_batch = runner.decode_prompt, runner.decode_batch
 
     def recording(original):
         def decode(model, inputs, decoders, cfg, seed, *args, **kwargs):
             calls.append((seed, list(decoders)))
             return original(model, inputs, decoders, cfg, seed, *args, **kwargs)
         return decode
-    monkeypatch.setattr(runner, "decode_prompt", recording(decode_prompt))
-    monkeypatch.setattr(runner, "decode_batch", recording(decode_batch))
+    monkeypatch.setattr(decoding, "decode_batch", recording(decoding.decode_batch))
 
     def bench(folder: Path, *overrides: str) -> dict:
         return run(folder, "warmup=false", "cost_profile=false", f"bench.methods=[{','.join(map(repr, METHODS))}]",
@@ -152,7 +151,7 @@ def test_a_resume_with_an_unrecorded_ar_reference_gives_it_ars_place(decoded, tm
     killed.write_text(killed.read_text().splitlines(keepends=True)[0])
     calls.clear()
     run(cell, "num_prompts=2", f"seed={seed}")
-    assert calls == [(seed + 1, ["pld", runner.REFERENCE])] and order.index("pld") < order.index("ar")
+    assert calls == [(seed + 1, ["pld", REFERENCE])] and order.index("pld") < order.index("ar")
     resumed = samples_of(cell)["pld"]
     assert [s["prompt_id"] for s in resumed] == ["p0", "p1"]
     assert resumed[1]["run_position"] == 0

@@ -245,7 +245,7 @@ def test_a_fixed_k_method_and_pld_get_a_thread_choice_from_their_own_decodes_and
 def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):
     from omegaconf import OmegaConf
 
-    from sparsespec.harness import runner
+    from sparsespec.harness import decoding
     seen = {}
     generate = sparsespec.generate
 
@@ -257,11 +257,11 @@ def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):
     before = torch.get_num_threads()
     other = 2 if before == 1 else 1
     calibration = RunCalibration(choices={"ar": threads.ThreadChoice(other, {other: 0.0}, "C_AR")})
-    cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False})
+    cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False, "batch_size": 1})
     decoders = {"ar (reference)": ("ar", {}), "sparsespec": ("sparsespec", {"budget": 0.5})}
-    gens = runner.decode_prompt(tiny, random_prompt(200), decoders, cfg, 0, 6, calibration)
+    gens = decoding.decode_batch(tiny, [random_prompt(200)], decoders, cfg, 0, 6, calibration)
     assert seen == {"ar": other, "sparsespec": before}       # nothing measured for sparsespec: as it was
-    assert gens["sparsespec"].tokens == gens["ar (reference)"].tokens
+    assert gens["sparsespec"][0].tokens == gens["ar (reference)"][0].tokens
     assert torch.get_num_threads() == before
 
 

@@ -3,11 +3,11 @@
 An entry is `name[:option=value,...]`; `name` is a conf/method file or one of transformers' reference
 decoders (`hf_generate`, `hf_pld`). Two entries are the same when they resolve to the same method
 with the same options (every declared default filled in): `sparsespec`, `sparsespec:` and
-`sparsespec:budget=0.05` (the declared default) are one entry.
+`sparsespec:budget=0.05` (the declared default) are one entry (`run_config.MethodSpec.key`). The
+run composes each entry once, while its config is built (`run_config.build_run_config`).
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from sparsespec import hf_reference
 from sparsespec.errors import ConfigError
 
-from .checks import method_options, resolved_options
+from .checks import resolved_options
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LABELLED_BY_ANALYSIS = ("k", "budget")
@@ -86,8 +86,3 @@ def resolved_method_options(method: str, options: dict) -> dict:
         return hf_reference.resolve_options(method, options)
     return resolved_options(method, options)
 
-
-def entry_key(cfg: DictConfig) -> str:
-    """What makes a run's method itself: the method and its resolved options (labels aside)."""
-    options = resolved_method_options(cfg.method.name, method_options(cfg))
-    return json.dumps({"method": cfg.method.name, "options": options}, sort_keys=True, default=str)
