@@ -199,8 +199,9 @@ ONE_AT_A_TIME = {     # drafters that are not batchable: a batch of them decodes
 }
 
 
-@pytest.mark.parametrize("case", sorted(ONE_AT_A_TIME))
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch, case", [   # ~1-2 s a case: the fast tier keeps llama with quest
+    pytest.param(a, c, marks=() if (a, c) == ("llama", "quest") else pytest.mark.slow)
+    for a in ARCHS for c in sorted(ONE_AT_A_TIME)])
 def test_methods_not_batched_decode_a_batch_one_sequence_at_a_time(references, arch, case):
     """Greedy: each sequence equals AR alone; the batch's time is the sum of its sequences', and each
     row's time counts from the start of the batch (a later row includes the earlier rows')."""
@@ -217,6 +218,7 @@ def test_methods_not_batched_decode_a_batch_one_sequence_at_a_time(references, a
     assert gens.prefill_s == pytest.approx(sum(g.prefill_s for g in gens))
 
 
+@pytest.mark.slow   # ~3 s
 def test_methods_not_batched_decode_from_shared_prefills(references):
     """From one shared prefill per prompt (the harness's batch mode), as from their own prefills."""
     model, prompts, alone = references["llama"]

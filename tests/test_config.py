@@ -11,7 +11,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import slow_but
 from sparsespec.method_options import option_names, resolve
 from sparsespec.errors import ConfigError
 from sparsespec.harness.checks import (check_config, context_warnings, device_name, method_options, model_spec,
@@ -77,7 +76,8 @@ def with_ctx(cfg, ctx: int):
     return cfg
 
 
-@pytest.mark.parametrize("model", slow_but("smollm2_135m", options("model")))   # ~4-8 s a model
+@pytest.mark.slow   # ~4-8 s a model; test_every_experiment_composes stays in the fast tier
+@pytest.mark.parametrize("model", options("model"))
 def test_every_combination_composes(hydra_conf, model):
     """model x task x ctx x method, one model's share per test. Hydra composes each model x task x
     method; a ctx file sets the one key `ctx` and nothing else (test above), so the ctx axis is that

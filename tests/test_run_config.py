@@ -94,6 +94,7 @@ def test_a_batch_of_one_keeps_the_sample_fields_it_always_had(harness_run, tmp_p
             assert sorted(json.loads(line)) == SINGLE_SAMPLE_KEYS
 
 
+@pytest.mark.slow   # a batched harness run
 def test_a_reference_decoder_decodes_a_batch_one_prompt_at_a_time(harness_run, tmp_path):
     """hf_generate with batch_size=2: each row decoded alone, each sample its own throughput and the
     batch's; the batch's throughput is the rows' decode tokens over their summed decode time."""

@@ -111,6 +111,7 @@ def test_a_benchmark_decodes_each_prompt_in_its_drawn_order_and_records_it(decod
            sorted((s["method"], s["prompt_id"], s["run_position"]) for rows in samples.values() for s in rows)
 
 
+@pytest.mark.slow   # a harness run; the random order stays in the fast tier
 def test_fixed_decodes_ar_then_the_listed_methods(decoded, tmp_path):
     run, calls = decoded
     run(tmp_path / "cell", "run_order=fixed", "num_prompts=2")
@@ -157,6 +158,7 @@ def test_a_resume_with_an_unrecorded_ar_reference_gives_it_ars_place(decoded, tm
     assert resumed[1]["run_position"] == 0
 
 
+@pytest.mark.slow   # a batched harness run
 def test_a_batched_run_draws_one_order_a_batch(decoded, tmp_path):
     run, calls = decoded
     run(tmp_path / "cell", "batch_size=2")
