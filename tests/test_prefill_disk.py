@@ -146,14 +146,14 @@ def test_a_later_run_of_the_harness_takes_its_prefills_from_the_cache_folder(har
                                                                               prefill_forwards):
     """`prefill_cache_dir`: a second run (a new memo, as in a new process) of another method on the
     same prompts runs no prefill forward, says so in its summary, and stays lossless."""
-    import sparsespec.harness.runner as runner
+    import sparsespec.harness.decoding as decoding
     run, _, prompts = harness_run
     forwards = prefill_forwards
     common = ("num_prompts=3", "warmup=false", "cost_profile=false", f"prefill_cache_dir={tmp_path / 'cache'}")
-    monkeypatch.setattr(runner, "PREFILL_MEMO", PrefillMemo())
+    monkeypatch.setattr(decoding, "PREFILL_MEMO", PrefillMemo())
     first = run(tmp_path / "first", *common, "bench.methods=['snapkv_static:k=3,budget=0.3']")
     assert len(forwards) == 3 and len(files(tmp_path / "cache")) == 3
-    monkeypatch.setattr(runner, "PREFILL_MEMO", PrefillMemo())                 # the next process
+    monkeypatch.setattr(decoding, "PREFILL_MEMO", PrefillMemo())                 # the next process
     second = run(tmp_path / "second", *common, "bench.methods=['streaming:k=3,budget=0.3']")
     assert len(forwards) == 3                                                  # none ran
     for entry, summary in first.items():
