@@ -139,10 +139,15 @@ class BatchGenerations(list):
         return decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
+def one_at_a_time(drafter, size: int) -> bool:
+    """Whether a batch of `size` prompts of `drafter`'s method decodes one sequence at a time."""
+    return size > 1 and not drafter.batchable
+
+
 def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
     """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller):
     together when the method's drafter is `batchable`, else one sequence at a time."""
-    if len(starts) > 1 and not starts[0].drafter.batchable:
+    if one_at_a_time(starts[0].drafter, len(starts)):
         return decode_each(model, starts, sampler, stop_ids, cost_prior)
     return decode_together(model, starts, sampler, stop_ids, cost_prior)
 
@@ -264,7 +269,7 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
         s.drafter.after_verify(s.state, a, k)
     trace = controller.trace()                                                        # every round, k = 0 too
     controller.observe_batch(per_seq, accepted, k, draft_s / steps if steps else None, verify_s,
-                             round_s=select_s + draft_s + verify_s)                  # the whole round's seconds
+                             round_s=timers.seconds)
     for s, a, ents in zip(active, accepted, per_seq):
         st = s.state
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,

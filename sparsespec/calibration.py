@@ -267,7 +267,7 @@ def profile_of(rounds) -> CostProfile:
         rejected += [] if refused is None else [refused]
         bins.add_round(r.entropies, r.accepted, r.drafted)
     n_judged = len(accepted) + len(rejected)
-    plain = [r.select_s + r.draft_s + r.verify_s for r in rounds if not r.drafted and not r.draft_steps]
+    plain = [r.seconds for r in rounds if not r.drafted and not r.draft_steps]
     return CostProfile(draft_step_s=statistics.median(steps), ar_step_s=statistics.median(plain) if plain else None,
                        verify_s={k: statistics.median(v) for k, v in sorted(verify.items())},
                        accepted_entropy=statistics.fmean(accepted) if accepted else None,

@@ -159,7 +159,8 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
         method = method or "sparsespec"
         max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
         built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
-        alone = len(prompts) == 1 or not built[0][0].batchable    # each sequence decodes in its own prefill's cache
+        # each sequence decodes in its own prefill's cache
+        alone = len(prompts) == 1 or batch.one_at_a_time(built[0][0], len(prompts))
         starts = [prefill_built(model, p, {method: (method, drafter, controller, resolved, max_new_tokens)},
                                 in_place=alone)[method] for p, (drafter, controller, resolved) in zip(prompts, built)]
     else:

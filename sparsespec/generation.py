@@ -34,6 +34,11 @@ class Round:
                                       # "fallback" or "ar_probe" (k = 0: one AR step); "" when none
     cost_ar: float | None = None      # controller's C_AR estimate when it chose (seconds; None: unmeasured)
 
+    @property
+    def seconds(self) -> float:
+        """The whole round: KV selection, every draft step run, verification."""
+        return self.select_s + self.draft_s + self.verify_s
+
 
 @dataclass
 class Generation:

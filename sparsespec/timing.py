@@ -37,6 +37,11 @@ class Stopwatch:
 
 
 class RoundTimers:
-    """The three stopwatches of one round, shared by the single-prompt and the batched decode loops."""
+    """The three stopwatches of one round of the decode loop (sparsespec/batch.py)."""
     def __init__(self, device):
         self.select, self.draft, self.verify = Stopwatch(device), Stopwatch(device), Stopwatch(device)
+
+    @property
+    def seconds(self) -> float:
+        """The whole round: KV selection, every draft step run, verification."""
+        return self.select.seconds + self.draft.seconds + self.verify.seconds
