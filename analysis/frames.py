@@ -163,21 +163,21 @@ def rounds_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 ROUND_COLUMNS = ["round", "drafted", "accepted", "emitted", "draft_s", "verify_s", "select_s",
-                 "round_s", "round_tokens_per_s", "cost_draft", "cost_verify", "predicted_ratio",
-                 "survival", "choice", "cost_ar"]
+                 "round_s", "round_tokens_per_s", "cost_draft", "cost_verify", "cost_select",
+                 "predicted_ratio", "survival", "choice", "cost_ar"]
 
 
 def _round_record(index: int, r: dict) -> dict:
     round_s = float(r.get("draft_s", 0.0)) + float(r.get("verify_s", 0.0)) + float(r.get("select_s") or 0.0)
     survival = list(r.get("survival") or [])
-    c_d, c_v = r.get("cost_draft"), r.get("cost_verify")
-    predicted = (float(predicted_ratio(survival, c_d, c_v)[-1])
+    c_d, c_v, c_s = r.get("cost_draft"), r.get("cost_verify"), r.get("cost_select")
+    predicted = (float(predicted_ratio(survival, c_d, c_v, c_s)[-1])
                  if survival and c_d is not None and c_v is not None else math.nan)
     return {"round": index, "drafted": r.get("drafted"), "accepted": r.get("accepted"),
             "emitted": r.get("emitted"), "draft_s": r.get("draft_s"), "verify_s": r.get("verify_s"),
             "select_s": r.get("select_s"), "round_s": round_s,
             "round_tokens_per_s": r.get("emitted", 0) / round_s if round_s > 0 else math.nan,
-            "cost_draft": c_d, "cost_verify": c_v, "predicted_ratio": predicted,
+            "cost_draft": c_d, "cost_verify": c_v, "cost_select": c_s, "predicted_ratio": predicted,
             "survival": survival, "choice": r.get("choice") or "", "cost_ar": r.get("cost_ar")}
 
 

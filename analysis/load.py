@@ -371,7 +371,7 @@ def _strip(row: dict, prefix: str) -> dict:
 def _round_from_history(row: dict) -> dict:
     fields = _strip(row, "round/")
     return {**{k: v for k, v in fields.items() if k not in ("index", "prompt", "mean_entropy")},
-            "entropies": [], "accept_probs": [], "survival": [], "cost_draft": None, "cost_verify": None}
+            "entropies": [], "accept_probs": [], "survival": [], "cost_draft": None, "cost_verify": None, "cost_select": None}
 
 
 def _samples_table(run: Any) -> list[dict]:

@@ -52,9 +52,11 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def predicted_ratio(survival: Sequence[float], cost_draft: float, cost_verify: float) -> np.ndarray:
+def predicted_ratio(survival: Sequence[float], cost_draft: float, cost_verify: float,
+                    cost_select: float | None = None) -> np.ndarray:
     """The controller's objective for every prefix length m = 1..k of one round:
-    (1 + sum_{j<=m} pi_j) / (m * C_d + C_v), in expected tokens per second."""
+    (1 + sum_{j<=m} pi_j) / (m * C_d + C_v + C_s), in expected tokens per second (C_s: the round's KV
+    selection, None in runs that did not trace it: 0)."""
     survival = np.asarray(survival, dtype=float)
     m = np.arange(1, len(survival) + 1)
-    return (1.0 + np.cumsum(survival)) / (m * float(cost_draft) + float(cost_verify))
+    return (1.0 + np.cumsum(survival)) / (m * float(cost_draft) + float(cost_verify) + float(cost_select or 0.0))

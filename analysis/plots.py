@@ -390,7 +390,7 @@ def _inversion_note(rows: pd.DataFrame, model: str, task: str) -> str:
 
 
 def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
-    """Mean over controller rounds of (1 + sum_{j<=m} pi_j) / (m C_d + C_v) for each prefix m."""
+    """Mean over controller rounds of (1 + sum_{j<=m} pi_j) / (m C_d + C_v + C_s) for each prefix m."""
     traced = rounds[rounds["survival"].map(len) > 0].dropna(subset=["cost_draft", "cost_verify"]) \
         if not rounds.empty else rounds
     if traced.empty:
@@ -399,7 +399,7 @@ def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
         ax.set_axis_off()
         return
     curves = [pd.DataFrame({"run": r.run, "prompt_id": r.prompt_id, "m": np.arange(1, len(r.survival) + 1),
-                            "ratio": predicted_ratio(r.survival, r.cost_draft, r.cost_verify)})
+                            "ratio": predicted_ratio(r.survival, r.cost_draft, r.cost_verify, r.cost_select)})
               for r in traced.itertuples()]
     per_prompt = pd.concat(curves).groupby(["run", "prompt_id", "m"], as_index=False)["ratio"].mean()
     stats = geometric_across_prompts(per_prompt, ["m"], "ratio")

@@ -7,6 +7,7 @@ the controller's starting costs (`generate(..., cost_prior=profile)`), refined o
 
     C_d    = median over draft steps of (draft seconds / draft steps)
     C_v(k) = median over the rounds that verified k drafts of their verify seconds
+    C_s    = median over the rounds with a draft of their KV-selection seconds
     C_AR   = median over the rounds with no draft (the cycle's k = 0 rounds, `profile_cycle`) of their
              whole seconds (selection + draft + verify, as the fallback rule counts a round)
 
@@ -78,10 +79,11 @@ class CostProfile:
     acceptance_rate: float | None = None
     bins: EntropyBins | None = None
     ar_step_s: float | None = None     # C_AR: median whole k = 0 round (None: the profile ran none)
+    select_s: float | None = None      # C_s: median KV selection of a drafting round (None: not measured)
 
     def as_dict(self) -> dict:
         return {"draft_step_s": self.draft_step_s, "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
-                "ar_step_s": self.ar_step_s,
+                "ar_step_s": self.ar_step_s, "select_s": self.select_s,
                 "accepted_entropy": self.accepted_entropy, "rejected_entropy": self.rejected_entropy,
                 "acceptance_rate": self.acceptance_rate,
                 "bins": None if self.bins is None else {"accepted": self.bins.accepted, "judged": self.bins.judged}}
@@ -269,6 +271,7 @@ def profile_of(rounds) -> CostProfile:
     n_judged = len(accepted) + len(rejected)
     plain = [r.seconds for r in rounds if not r.drafted and not r.draft_steps]
     return CostProfile(draft_step_s=statistics.median(steps), ar_step_s=statistics.median(plain) if plain else None,
+                       select_s=statistics.median(r.select_s for r in rounds if r.draft_steps),
                        verify_s={k: statistics.median(v) for k, v in sorted(verify.items())},
                        accepted_entropy=statistics.fmean(accepted) if accepted else None,
                        rejected_entropy=statistics.fmean(rejected) if rejected else None,

@@ -30,6 +30,7 @@ class Round:
     survival: list[float] = field(default_factory=list)      # controller's pi_m = prod_{i<=m} p_i
     cost_draft: float | None = None   # controller's C_d estimate when it chose k (seconds)
     cost_verify: float | None = None  # controller's C_v(k) estimate when it chose k (seconds)
+    cost_select: float | None = None  # controller's C_s estimate (a round's KV selection, seconds)
     choice: str = ""                  # the controller's reason for this round's k: "speculate", "probe",
                                       # "fallback" or "ar_probe" (k = 0: one AR step); "" when none
     cost_ar: float | None = None      # controller's C_AR estimate when it chose (seconds; None: unmeasured)

@@ -74,12 +74,13 @@ def run_online(ctl: EntropyController, entropies, limit=100) -> tuple[int, int]:
     return len(seen), ctl.submit_count(len(seen))
 
 
-def random_controller(rng: random.Random, lookahead: str, fit: str = "line") -> tuple[EntropyController, list[int]]:
+def random_controller(rng: random.Random, lookahead: str, fit: str = "line",
+                      keep_drafted: bool = False) -> tuple[EntropyController, list[int]]:
     """A controller past warm-up with random candidates, entropy centres and costs (for the hull,
-    measured at several k, convex or not)."""
+    measured at several k, convex or not); by default submitting the closed form's k*."""
     candidates = sorted(rng.sample(range(1, 17), rng.randint(2, 10)))
     ctl = EntropyController(candidates=candidates, warmup_rounds=0, lookahead=lookahead, verify_cost_fit=fit,
-                            fallback=False)
+                            fallback=False, keep_drafted=keep_drafted)
     ctl.mu_acc, ctl.mu_rej = rng.uniform(0, 1), rng.uniform(1.5, 4)
     ctl.c_draft = rng.uniform(0.005, 0.5)
     seconds = rng.uniform(0.1, 1.0)
@@ -116,11 +117,67 @@ def test_predictive_lookahead_wastes_no_draft_step_when_entropy_is_steady(seed):
 
 
 def test_online_rule_stops_early_on_a_high_entropy_token():
-    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper", fallback=False)
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper", fallback=False,
+                            keep_drafted=False)
     ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
     ctl.c_verify.add(4, 0.2)
     drafted, submitted = run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2])
     assert submitted == 3 and drafted == 4            # the high-entropy 4th token was drafted, not sent
+
+
+def test_a_drafted_token_is_sent_when_verifying_it_costs_nothing():
+    """keep_drafted: the 4th draft step is paid, and with a flat C_v verifying it is free, so any
+    chance of acceptance (pi_4 > 0) makes submitting it pay."""
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper", fallback=False)
+    ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
+    ctl.c_verify.add(4, 0.2)
+    assert run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2]) == (4, 4)
+
+
+def test_a_drafted_token_is_dropped_when_verifying_it_costs_more_than_it_brings():
+    """A steep C_v: verifying a 4th token costs more than its small pi_4 is worth, paid step or not."""
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, acceptance_model="paper", fallback=False)
+    ctl.mu_acc, ctl.mu_rej, ctl.c_draft = 0.2, 3.0, 0.02
+    ctl.c_verify.add(1, 0.2)
+    ctl.c_verify.add(8, 3.0)                          # 0.4 s a verified token
+    assert run_online(ctl, [0.2, 0.2, 0.2, 6.0, 0.2, 0.2, 0.2, 0.2])[1] < 4
+
+
+@pytest.mark.parametrize("fit", ["line", "hull"])
+@pytest.mark.parametrize("seed", range(40))
+def test_kept_drafts_draft_as_the_rule_and_submit_the_best_paid_ratio(seed, fit):
+    """keep_drafted changes what is submitted, never how far the rule drafts: the same draft steps as
+    the closed-form submission, and the candidate in [k*, drafted] with the most expected tokens per
+    second of the round actually paid for (j draft steps), computed here from the formula."""
+    rng = random.Random(seed)
+    ctl, candidates = random_controller(rng, "exact", fit, keep_drafted=True)
+    twin = random_controller(random.Random(seed), "exact", fit)[0]
+    entropies = [rng.uniform(0, 4) for _ in range(16)]
+    drafted, submitted = run_online(ctl, entropies)
+    twin_drafted, closed = run_online(twin, entropies)
+    assert drafted == twin_drafted
+    pis, acc = [], 1.0
+    for h in entropies[:drafted]:
+        acc *= ctl.acceptance(h)
+        pis.append(acc)
+    paid = {c: (1 + sum(pis[:c])) / (drafted * ctl.c_draft + ctl.c_verify(c)) for c in candidates if closed <= c <= drafted}
+    best = max(paid.values())
+    assert submitted == min(c for c, r in paid.items() if r == best)
+    assert submitted >= closed
+
+
+def test_selection_seconds_are_learnt_and_favour_longer_drafts():
+    """C_s (a round's seconds beyond draft and verify) is learnt from the round's whole seconds, and
+    a fixed cost per round makes a longer draft pay: k* never falls as C_s grows."""
+    ctl = EntropyController(candidates=range(1, 17), warmup_rounds=0, fallback=False)
+    ctl.start_round(limit=8)
+    for j in range(1, 3):
+        ctl.keep_drafting_batch([[0.5] * j])
+    ctl.observe_batch([[0.5, 0.5]], accepted=[2], submitted=2, draft_step_s=0.01, verify_s=0.1, round_s=0.15)
+    assert ctl.c_select == pytest.approx(0.15 - 2 * 0.01 - 0.1)
+    probs = [0.7] * 16
+    ks = [choose_k(probs, range(1, 17), 0.05, lambda k: 0.1 + 0.002 * k, c_select=c_s) for c_s in (0.0, 0.05, 0.2, 1.0)]
+    assert ks == sorted(ks) and ks[-1] > ks[0]
 
 
 def test_warmup_cycles_and_centres_update():

@@ -1,10 +1,13 @@
 """The cost side of the choice of k: the expected tokens per second R(k), and C_v(k) fitted from
 measured verification seconds.
 
-With survival pi_m = prod_{i<=m} p_i, C_d the seconds of one draft step and C_v(k) those of one
-verification of k drafts plus the last token,
-    R(k) = (1 + sum_{m<=k} pi_m) / (k * C_d + C_v(k)),     k* = argmax_{k in K} R(k)
-(the 1 counts the token verification always adds; ties go to the smaller k).
+With survival pi_m = prod_{i<=m} p_i, C_d the seconds of one draft step, C_v(k) those of one
+verification of k drafts plus the last token and C_s those of the round's KV selection,
+    R(k) = (1 + sum_{m<=k} pi_m) / (k * C_d + C_v(k) + C_s),     k* = argmax_{k in K} R(k)
+(the 1 counts the token verification always adds; ties go to the smaller k). The denominator is a
+round's whole seconds, as the fallback rule measures them; C_s = 0 gives the paper's form.
+Once j >= k tokens are drafted, their j draft steps are paid whichever k is submitted:
+    R_paid(k; j) = (1 + sum_{m<=k} pi_m) / (j * C_d + C_v(k) + C_s).
 
 C_v(k) from the measured seconds per k (each an EMA over the rounds that verified k drafts):
 - `LinearCostModel`: a least-squares line, C_v(k) = a + b k (the paper's cost model); its slope is
@@ -32,20 +35,22 @@ def survival(probs: Sequence[float]) -> list[float]:
     return out
 
 
-def expected_ratio(pis: Sequence[float], k: int, c_draft: float, c_verify: Callable[[int], float]) -> float:
-    """R(k) = (1 + sum_{m<=k} pi_m) / (k C_d + C_v(k))."""
-    return (1.0 + sum(pis[:k])) / (k * c_draft + c_verify(k))
+def expected_ratio(pis: Sequence[float], k: int, c_draft: float, c_verify: Callable[[int], float],
+                   c_select: float = 0.0, steps: int | None = None) -> float:
+    """R(k) = (1 + sum_{m<=k} pi_m) / (k C_d + C_v(k) + C_s); with `steps` = j draft steps already
+    paid, R_paid(k; j) (j C_d in place of k C_d)."""
+    return (1.0 + sum(pis[:k])) / ((k if steps is None else steps) * c_draft + c_verify(k) + c_select)
 
 
 def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
-             c_verify: Callable[[int], float]) -> int:
+             c_verify: Callable[[int], float], c_select: float = 0.0) -> int:
     """Closed form: argmax over candidates (<= len(probs)) of R(k); ties to the smaller k."""
     pis = survival(probs)
     best_k, best_r = None, -math.inf
     for k in sorted(candidates):
         if k > len(pis):
             break
-        r = expected_ratio(pis, k, c_draft, c_verify)
+        r = expected_ratio(pis, k, c_draft, c_verify, c_select)
         if r > best_r:
             best_k, best_r = k, r
     return best_k

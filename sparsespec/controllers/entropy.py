@@ -14,21 +14,27 @@ Acceptance probability p_i, `acceptance_model` (sparsespec/controllers/acceptanc
   The centres are still kept (traces, the "paper" model).
 
 Choice (sparsespec/controllers/cost_models.py): k* = argmax_{k in K} R(k),
-    R(k) = (1 + sum_{m<=k} pi_m) / (k * C_d + C_v(k)),   pi_m = prod_{i<=m} p_i.
+    R(k) = (1 + sum_{m<=k} pi_m) / (k * C_d + C_v(k) + C_s),   pi_m = prod_{i<=m} p_i,
+C_s the round's KV selection (measured as a round's seconds beyond its draft and verification), so
+the denominator is the whole round the fallback rule measures.
 
 Deciding online. H_i is known only once token i is drafted. R is unimodal in k: writing
 g(k) = k*C_d + C_v(k) (affine, slope C_d' = C_d + c_v), R(k+1) is the mediant of R(k) and
 pi_{k+1}/C_d', and pi is non-increasing, so once R stops rising it never rises again. Hence the
 exact online rule, which returns the closed form's k* for the same entropies:
   after drafting token j (p_1..p_j known):
-    1. if j is a candidate: if R(j) <= R(best) stop and submit `best` (the drafted token j, and
-       any after `best`, are discarded); else best = j;
+    1. if j is a candidate: if R(j) <= R(best) stop (the closed form's k* is `best`); else best = j;
     2. if j = max(K) or j = limit: stop and submit `best`;
     3. bound: every later token has pi <= pi_j, so for the next candidate k',
        R(k') <= (1 + S_j + (k'-j) pi_j) / g(k'); if that is <= R(best), stop now and submit `best`
        without paying for a draft step that cannot help;
     4. otherwise draft token j+1.
   Before the first candidate (j < min K) drafting always continues.
+What is submitted when drafting stops at j > best: the closed form's k* = best discards the drafted
+tokens after it, though their draft steps are paid. `keep_drafted` (default) submits instead the
+candidate c <= j with the largest R_paid(c; j) = (1 + sum_{m<=c} pi_m) / (j C_d + C_v(c) + C_s):
+a drafted token goes to verification when its expected tokens outweigh its share of verification
+(with a flat C_v, always). Drafting decisions, and so draft steps, are the rule's either way.
 
 A batch drafts one k for all its sequences: R(k) = sum_b (1 + sum_{m<=k} pi^b_m) / (k C_d + C_v(k)),
 i.e. the same rule on the batch's mean survival pibar_m = mean_b pi^b_m (non-increasing, so the
@@ -109,6 +115,9 @@ class EntropyController(Controller):
                                      "round in 9", check=at_least(1))
         probe_max: int = option(64, "the longest wait between probes while speculation keeps losing: probes "
                                     "then cost at most one round in 65", check=at_least(1))
+        keep_drafted: bool = option(True, "a drafted token's step is paid: submit it when its expected tokens "
+                                          "outweigh its extra verification (false: the closed form's k*, "
+                                          "discarding the tokens drafted past it)")
         fallback_margin: float = option(0.95, "fall back only when speculation's rate is below 0.95 x AR's: "
                                               "medians of a few rounds are a few percent noisy, and a wrong "
                                               "fallback forgoes the whole speed-up", check=in_range(0, 1, high_open=False))
@@ -134,6 +143,8 @@ class EntropyController(Controller):
         self.mu_acc: float | None = None
         self.mu_rej: float | None = None
         self.c_draft: float | None = None
+        self.c_select: float | None = None         # C_s: seconds of a round's KV selection (EMA; None: unmeasured, 0)
+        self.keep_drafted = o.keep_drafted
         self.c_verify = (HullCostModel if o.verify_cost_fit == "hull" else LinearCostModel)(ema=o.ema_cost)
         self.rounds_seen = 0
         self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
@@ -149,6 +160,8 @@ class EntropyController(Controller):
         rule is in charge from round one and refines the costs online (the EMAs start from the profile).
         The profile's C_AR, when measured, seeds the fallback's AR window: no `ar_probe` round."""
         self.c_draft = profile.draft_step_s
+        if profile.select_s is not None:
+            self.c_select = profile.select_s
         for k, seconds in profile.verify_s.items():
             self.c_verify.by_k[int(k)] = seconds
         if self.plain is not None and profile.ar_step_s is not None:
@@ -176,6 +189,7 @@ class EntropyController(Controller):
         self._probs: list[float] = []              # pibar's ratios p_j = pibar_j / pibar_{j-1}
         self._seq_survival: list[float] = []       # pi^b_j of each sequence (a batch of more than one)
         self._best_k, self._best_r = 0, -math.inf
+        self._steps = 0                            # draft steps run this round
         self._submit: int | None = None
         self._choice = ""                          # the fallback rule's choice ("": it did not choose)
 
@@ -227,7 +241,7 @@ class EntropyController(Controller):
 
     def keep_drafting_batch(self, entropies: Sequence[Sequence[float]]) -> bool:
         """After draft token j of every sequence: the online rule on pibar (module docstring)."""
-        j = len(entropies[0])
+        j = self._steps = len(entropies[0])
         if self._fixed is not None:
             return j < self._fixed
         ps = [self.acceptance(float(seq[-1])) for seq in entropies]   # one sync per sequence and draft step
@@ -246,24 +260,34 @@ class EntropyController(Controller):
         j = len(self._probs)
         pis = survival(self._probs)
         if j in self.candidates:
-            r = expected_ratio(pis, j, self.c_draft, self.c_verify)
+            r = expected_ratio(pis, j, self.c_draft, self.c_verify, self.c_select or 0.0)
             if r <= self._best_r:
-                self._submit = self._best_k
+                self._submit = self._paid_choice(pis, j)
                 return False
             self._best_k, self._best_r = j, r
         if j >= self._limit or j >= self.candidates[-1]:
-            self._submit = self._best_k or j      # a limit below min(K) still verifies what was drafted
+            self._submit = self._paid_choice(pis, j) or j   # a limit below min(K) still verifies what was drafted
             return False
         nxt = next((k for k in self.candidates if k > j), None)
         if self._best_k and nxt is not None:
             # later tokens' pi: at most pi_j ("exact"), or pi_j * p_j^t if p stays at p_j ("predict")
             p_next = 1.0 if self.lookahead == "exact" else self._probs[-1]
             later = sum(pis[-1] * p_next ** t for t in range(1, nxt - j + 1))
-            bound = (1.0 + sum(pis) + later) / (nxt * self.c_draft + self.c_verify(nxt))
+            bound = (1.0 + sum(pis) + later) / (nxt * self.c_draft + self.c_verify(nxt) + (self.c_select or 0.0))
             if bound <= self._best_r:
-                self._submit = self._best_k
+                self._submit = self._paid_choice(pis, j)
                 return False
         return True
+
+    def _paid_choice(self, pis: list[float], j: int) -> int:
+        """What to submit when drafting stops after token j: the closed form's `best`, or with
+        `keep_drafted` the candidate c in [best, j] maximising R_paid(c; j) (module docstring; ties to
+        the smaller c); 0 if no candidate was reached."""
+        if not self.keep_drafted or not self._best_k:
+            return self._best_k
+        paid = [c for c in self.candidates if self._best_k <= c <= j]
+        c_s = self.c_select or 0.0
+        return max(paid, key=lambda c: (expected_ratio(pis, c, self.c_draft, self.c_verify, c_s, steps=j), -c))
 
     def submit_count(self, drafted: int) -> int:
         if self._fixed is not None or self._submit is None:
@@ -277,7 +301,7 @@ class EntropyController(Controller):
         self.rounds_seen += 1
         for seq_entropies, a in zip(entropies, accepted):
             self._learn(seq_entropies, a, submitted)
-        self._learn_costs(submitted, draft_step_s, verify_s)
+        self._learn_costs(submitted, draft_step_s, verify_s, round_s)
         if self.plain is not None:
             tokens = sum(a + 1 for a in accepted) / len(accepted) if accepted else 1.0   # per sequence
             if round_s is None:
@@ -295,10 +319,14 @@ class EntropyController(Controller):
             h = rejected
             self.mu_rej = h if self.mu_rej is None else (1 - self.ema_entropy) * self.mu_rej + self.ema_entropy * h
 
-    def _learn_costs(self, submitted: int, draft_step_s: float | None, verify_s: float) -> None:
+    def _learn_costs(self, submitted: int, draft_step_s: float | None, verify_s: float, round_s: float | None) -> None:
         if draft_step_s is not None:
             self.c_draft = draft_step_s if self.c_draft is None else \
                 (1 - self.ema_cost) * self.c_draft + self.ema_cost * draft_step_s
+            if round_s is not None:                 # C_s: the round beyond its draft steps and verification
+                select_s = max(0.0, round_s - self._steps * draft_step_s - verify_s)
+                self.c_select = select_s if self.c_select is None else \
+                    (1 - self.ema_cost) * self.c_select + self.ema_cost * select_s
         if submitted:                               # a round without drafts is C_AR, not a point of C_v(k)
             self.c_verify.add(submitted, verify_s)
 
@@ -308,4 +336,4 @@ class EntropyController(Controller):
             return choice
         k = self._submit if self._submit is not None else len(self._probs)
         return {"accept_probs": self._probs[:k], "survival": survival(self._probs[:k]),
-                "cost_draft": self.c_draft, "cost_verify": self.c_verify(k), **choice}
+                "cost_draft": self.c_draft, "cost_verify": self.c_verify(k), "cost_select": self.c_select, **choice}
