@@ -1,4 +1,5 @@
-"""Where a run ran: package versions, git commit and code fingerprint, CPU (flags, BLAS) and GPU, threads, dtype (for summary.json)."""
+"""Where a run ran: package versions, git commit and code fingerprint, CPU (flags, BLAS) and GPU, threads,
+dtype (for summary.json)."""
 from __future__ import annotations
 
 import hashlib
