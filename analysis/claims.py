@@ -419,9 +419,11 @@ def depth_table(s: pd.DataFrame) -> pd.DataFrame:
 DEPTH_NOTE = ("The retrieval task's prompts by the depth of their evidence (the share of the context before it, in "
               f"bins of {DEPTH_STEP:.0%}): the speed-up over AR (geometric mean, 95% interval on the log scale) and the exact-match "
               "accuracy (the share of the asked items the output contains), AR's included.")
-PROVENANCE_NOTE = ("The commit each cell's runs were made at (runs of one cell at several commits are refused unless "
-                   "`--allow-mixed-commits`), whether any ran from a modified tree (`dirty tree`), and whether the "
-                   "benchmark found the machine busy before or after it (`noisy`).")
+PROVENANCE_NOTE = ("The commit each cell's runs were made at (a cell's runs must share one code fingerprint, the hash of "
+                   "the tracked code paths, or one commit for runs recorded without it, unless `--allow-mixed-commits`; "
+                   "`(same code)` marks commits that differ only outside the code), whether any ran from modified code "
+                   "(`modified code`; the whole tree for runs without a fingerprint), and whether the benchmark found "
+                   "the machine busy before or after it (`noisy`).")
 PREFILL_NOTE = ("AR and every engine method decode each prompt from one prefill (transformers' generate() rows "
                 "prefill their own); a prefill saved is one each method but the first would otherwise have run. "
                 "Chunk wall time is the whole chunk (`wall_times.tsv`), prefill and decoding of every method.")
@@ -505,7 +507,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--readme", help="with --publish: whose claims block to fill (default README.md; none: no README)")
     parser.add_argument("--no-figures", action="store_true", help="skip the figures and cost tables")
     parser.add_argument("--allow-mixed-commits", action="store_true",
-                        help="pool the runs of a cell made at different commits (refused by default)")
+                        help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
     args = parser.parse_args(argv)
     if not args.publish and (args.claims or args.readme):
         parser.error(f"--claims and --readme name published files; they apply only with {PUBLISH}")

@@ -4,7 +4,7 @@
     python -m analysis.figures --wandb entity/project --group speedup_vs_context_cpu --out figures/
 
 A figure whose data is absent is skipped with a printed note. Results that would be pooled wrongly
-(a prompt decoded twice by one method in one cell; a cell run at several commits, unless
+(a prompt decoded twice by one method in one cell; a cell run from several versions of the code, unless
 `--allow-mixed-commits`) are refused before anything is written, as `analysis.claims` refuses them.
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"a subset of {sorted({**FIGURES, **TABLES})}")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--allow-mixed-commits", action="store_true",
-                        help="pool the runs of a cell made at different commits (refused by default)")
+                        help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
     return parser.parse_args(argv)
 
 

@@ -47,7 +47,7 @@ METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", 
                "batch_bound", "batch_bound_reached")
 
 # Where a run's code came from and how quiet its machine was (summary.json env.git, run.bench.noisy).
-PROVENANCE_COLUMNS = ("commit", "dirty", "noisy")
+PROVENANCE_COLUMNS = ("commit", "dirty", "code", "code_dirty", "noisy")
 
 COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s",
             "prefill_sharers", "job", *PROVENANCE_COLUMNS)
@@ -156,10 +156,12 @@ def hardware_label(env: dict, run: dict) -> str:
 
 
 def provenance(env: dict, run: dict) -> dict:
-    """The run's commit and whether its tree was modified (None when not recorded), and whether its
-    benchmark found the machine busy before or after it (None outside a benchmark)."""
+    """The run's commit, whether its tree was modified, its code fingerprint and whether its code was
+    modified (each None when not recorded: runs before the fingerprint lack the last two), and whether
+    its benchmark found the machine busy before or after it (None outside a benchmark)."""
     git = env.get("git") or {}
-    return {"commit": git.get("commit"), "dirty": git.get("dirty"), "noisy": (run.get("bench") or {}).get("noisy")}
+    return {**{k: git.get(k) for k in ("commit", "dirty", "code", "code_dirty")},
+            "noisy": (run.get("bench") or {}).get("noisy")}
 
 
 def budget_fraction(budget: Any, context_tokens: Any) -> float:

@@ -4,8 +4,10 @@ number, so that `analysis.figures` and `analysis.claims` accept and refuse the s
 - A prompt decoded twice by one method in one cell (a cell run twice: two machines, two batch sizes,
   a rerun beside the first run) is refused: means and paired ratios would silently pool both runs.
 - A decode speed or speed-up that is not positive is refused: every ratio is taken on the log scale.
-- Runs of one cell made at different commits are refused unless asked for (`allow_mixed_commits`):
-  a cell's methods are compared with one another, so they must run the same code.
+- Runs of one cell made from different code are refused unless asked for (`allow_mixed_commits`):
+  a cell's methods are compared with one another, so they must run the same code. Runs at different
+  commits with one code fingerprint (summary.json `env.git.code`: a docs or results commit landed between
+  them) run the same code; a run that predates the fingerprint is judged by its commit.
 """
 from __future__ import annotations
 
@@ -38,17 +40,54 @@ def duplicate_prompts(df: pd.DataFrame) -> str | None:
             f"folder per machine or batch size)")
 
 
+UNRECORDED = "commit:unrecorded"
+
+
+def code_versions(df: pd.DataFrame) -> pd.Series:
+    """Per row, what identifies the code its run ran: "code:<fingerprint>" when recorded, else the
+    fingerprint another run recorded at the same commit (one commit holds one code), else
+    "commit:<commit>" (a run from before the fingerprint), else UNRECORDED."""
+    code = df["code"] if "code" in df else pd.Series(None, index=df.index, dtype=object)
+    known = code.notna() & df["commit"].notna()
+    code_at = dict(zip(df.loc[known, "commit"], code[known]))
+    def version(commit, fingerprint) -> str:
+        if pd.notna(fingerprint):
+            return f"code:{fingerprint}"
+        if pd.isna(commit):
+            return UNRECORDED
+        return f"code:{code_at[commit]}" if commit in code_at else f"commit:{commit}"
+    return pd.Series([version(c, f) for c, f in zip(df["commit"], code)], index=df.index, dtype=object)
+
+
+def _short_commits(commits: pd.Series) -> str:
+    return ", ".join(sorted({str(c)[:8] for c in commits.dropna()})) or "unrecorded"
+
+
+def _version_text(version: str, commits: pd.Series) -> str:
+    """`code 1a2b3c4d at aaaaaaaa, bbbbbbbb` or `commit aaaaaaaa (no code fingerprint)`."""
+    kind, value = version.split(":", 1)
+    if kind == "code":
+        return f"code {value[:8]} at {_short_commits(commits)}"
+    return "an unrecorded commit" if version == UNRECORDED else f"commit {value[:8]} (no code fingerprint)"
+
+
 def mixed_commits(df: pd.DataFrame) -> str | None:
-    """One line naming a cell whose runs were made at more than one commit, or None. A run with no
-    recorded commit counts as a commit of its own."""
-    commits = df["commit"].fillna("unrecorded").astype(str)
-    per_cell = commits.groupby([df[c] for c in CELL]).unique()
-    mixed = per_cell[per_cell.map(len) > 1]
+    """One line naming a cell whose runs ran different code (code_versions: by fingerprint, by commit
+    where none was recorded) with the fingerprints and commits found, or None."""
+    versions = code_versions(df)
+    per_cell = versions.groupby([df[c] for c in CELL]).nunique()
+    mixed = per_cell[per_cell > 1]
     if mixed.empty:
         return None
-    (model, task, ctx), found = mixed.index[0], mixed.iloc[0]
-    return (f"the runs of {model}/{task}/{int(ctx)} were made at {len(found)} commits "
-            f"({', '.join(sorted(c[:8] for c in found))}); rerun the cell at one commit, or pass "
+    (model, task, ctx), count = mixed.index[0], mixed.iloc[0]
+    in_cell = (df[CELL] == [model, task, ctx]).all(axis=1)
+    found = versions[in_cell]
+    if found.str.startswith("commit:").all():          # no fingerprint recorded: as many commits as versions
+        where = f"at {count} commits ({', '.join(sorted(v.split(':', 1)[1][:8] for v in found.unique()))})"
+    else:
+        where = (f"from {count} versions of the code (" + "; ".join(
+            _version_text(v, df.loc[in_cell & (versions == v), "commit"]) for v in sorted(found.unique())) + ")")
+    return (f"the runs of {model}/{task}/{int(ctx)} were made {where}; rerun the cell at one commit, or pass "
             f"--allow-mixed-commits to pool them ({len(mixed)} cell(s) are mixed)")
 
 
@@ -66,7 +105,7 @@ def nonpositive_speeds(df: pd.DataFrame) -> str | None:
 
 def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False) -> None:
     """Raise PoolingError when `df` holds a prompt twice in a cell, a speed that is not positive, or
-    (unless allowed) a cell made at several commits."""
+    (unless allowed) a cell made from several versions of the code (see mixed_commits)."""
     for problem in (duplicate_prompts(df), nonpositive_speeds(df),
                     None if allow_mixed_commits else mixed_commits(df)):
         if problem:
@@ -74,14 +113,19 @@ def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False) -> None:
 
 
 def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: its commit(s) (8 characters), whether any run came from a modified tree and
-    whether any run found the machine busy ("?" where not recorded)."""
+    """One row per cell: its commit(s) (8 characters; `(same code)` when several commits hold one code),
+    whether any run came from modified code (code_dirty, or the whole tree's dirty flag for a run that
+    predates it) and whether any run found the machine busy ("?" where not recorded)."""
     def flag(values: pd.Series) -> str:
         known = values.dropna()
         return "?" if known.empty else ("yes" if known.astype(bool).any() else "no")
+    versions = code_versions(df)
+    modified = df["code_dirty"].where(df["code_dirty"].notna(), df["dirty"]) if "code_dirty" in df else df["dirty"]
     records = []
     for key, rows in df.groupby(CELL, sort=True):
         commits = sorted({str(c)[:8] for c in rows["commit"].dropna()}) or ["?"]
-        records.append({**dict(zip(CELL, key)), "commit": ", ".join(commits),
-                        "dirty tree": flag(rows["dirty"]), "noisy": flag(rows["noisy"])})
-    return pd.DataFrame(records, columns=[*CELL, "commit", "dirty tree", "noisy"])
+        codes = set(versions[rows.index])
+        same = len(commits) > 1 and len(codes) == 1 and codes.pop().startswith("code:")
+        records.append({**dict(zip(CELL, key)), "commit": ", ".join(commits) + (" (same code)" if same else ""),
+                        "modified code": flag(modified[rows.index]), "noisy": flag(rows["noisy"])})
+    return pd.DataFrame(records, columns=[*CELL, "commit", "modified code", "noisy"])

@@ -1,6 +1,6 @@
 """analysis.figures and analysis.claims accept and refuse the same results (a prompt twice in a cell, a
-cell made at several commits), check everything before writing anything, and publish into the docs and
-the README only when asked."""
+cell made from several versions of the code), check everything before writing anything, and publish into
+the docs and the README only when asked."""
 from __future__ import annotations
 
 import json
@@ -13,13 +13,15 @@ from analysis.figures import main as figures_main
 from analysis.load import load_results
 from analysis.provenance import cell_provenance
 
-COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
+CODE_1, CODE_2 = "1" * 40, "2" * 40
 SPEED = {"ar": 1.0, "sparsespec": 1.5, "sparsespec_fixed": 1.3, "streaming": 1.1}
 
 
 def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = False, noisy: bool = False,
-              ctx: int = 8000, prompts: int = 3) -> None:
-    """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads."""
+              ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None) -> None:
+    """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads; without
+    `code` its git state is that of a run made before the code fingerprint was recorded."""
     options = {"k": 4} if method == "sparsespec_fixed" else {}
     samples = []
     for p in range(prompts):
@@ -31,14 +33,20 @@ def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = F
     summary = {"run": {"model": "m", "task": "qa", "ctx": ctx, "method": method, "bench": {"noisy": noisy}},
                "config": {"method": {"name": method, "options": options}}, "metrics": {},
                "env": {"cpu": "Synthetic CPU", "git": {"commit": commit, "dirty": dirty}}}
+    if code is not None:
+        summary["env"]["git"].update(code=code, code_dirty=code_dirty)
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
 
 
-def write_cell(root: Path, chunk: str = "chunk", commits: dict | None = None, **kw) -> Path:
+def write_cell(root: Path, chunk: str = "chunk", commits: dict | None = None, codes: dict | None = None,
+               **kw) -> Path:
+    """A cell's four methods at COMMIT_A without a code fingerprint, but where `commits` or `codes` (by
+    method) say otherwise."""
     for method in SPEED:
-        write_run(root / chunk / "0_m_qa_ctx8000" / method, method, commit=(commits or {}).get(method, COMMIT_A), **kw)
+        write_run(root / chunk / "0_m_qa_ctx8000" / method, method, commit=(commits or {}).get(method, COMMIT_A),
+                  code=(codes or {}).get(method), **kw)
     return root
 
 
@@ -123,8 +131,53 @@ def test_cell_provenance_shows_commit_and_the_dirty_and_noisy_flags(tmp_path):
         write_run(tmp_path / "r" / "flagged" / "0_m_qa_ctx4000" / method, method, commit=COMMIT_B, ctx=4000,
                   dirty=method == "ar", noisy=method == "streaming")
     table = cell_provenance(load_results(tmp_path / "r")).set_index("ctx")
-    assert table.loc[8000, ["commit", "dirty tree", "noisy"]].tolist() == ["aaaaaaaa", "no", "no"]
-    assert table.loc[4000, ["commit", "dirty tree", "noisy"]].tolist() == ["bbbbbbbb", "yes", "yes"]
+    assert table.loc[8000, ["commit", "modified code", "noisy"]].tolist() == ["aaaaaaaa", "no", "no"]
+    assert table.loc[4000, ["commit", "modified code", "noisy"]].tolist() == ["bbbbbbbb", "yes", "yes"]
+
+
+def test_a_cell_at_two_commits_with_one_code_pools_and_says_same_code(tmp_path, capsys):
+    """A docs or results commit landed between chunks of a cell: the fingerprints agree, so it pools."""
+    results = write_cell(tmp_path / "resumed", commits={"streaming": COMMIT_B}, codes=dict.fromkeys(SPEED, CODE_1))
+    assert claims.main([str(results), "--no-figures"]) == 0
+    assert figures_main([str(results), "--out", str(tmp_path / "fig"), "--no-progress", "--only", "method_comparison"]) == 0
+    assert cell_provenance(load_results(results))["commit"].tolist() == ["aaaaaaaa, bbbbbbbb (same code)"]
+    assert "aaaaaaaa, bbbbbbbb (same code)" in (results / "claims.md").read_text()
+
+
+def test_a_cell_from_two_codes_is_refused_naming_fingerprints_and_commits(tmp_path, capsys):
+    """Even at one commit: the fingerprints, not the commits, decide."""
+    codes = {**dict.fromkeys(SPEED, CODE_1), "streaming": CODE_2}
+    results = write_cell(tmp_path / "two_codes", commits={"ar": COMMIT_B}, codes=codes)
+    assert claims.main([str(results), "--no-figures"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "2 versions of the code (code 11111111 at aaaaaaaa, bbbbbbbb; code 22222222 at aaaaaaaa)" in error
+    assert figures_main([str(results), "--out", str(tmp_path / "fig"), "--no-progress"]) == 2
+    assert "--allow-mixed-commits" in capsys.readouterr().err
+    assert claims.main([str(results), "--no-figures", "--allow-mixed-commits"]) == 0
+
+
+def test_a_run_without_a_fingerprint_is_judged_by_its_commit(tmp_path, capsys):
+    """An older run (no fingerprint) pools with fingerprinted runs of its own commit, not with another's."""
+    same = write_cell(tmp_path / "same_commit", codes={"ar": CODE_1, "sparsespec": CODE_1})
+    assert claims.main([str(same), "--no-figures"]) == 0
+    other = write_cell(tmp_path / "other_commit", commits={"streaming": COMMIT_C},
+                       codes=dict.fromkeys(("ar", "sparsespec", "sparsespec_fixed"), CODE_1))
+    assert claims.main([str(other), "--no-figures"]) == 2
+    assert "code 11111111 at aaaaaaaa; commit cccccccc (no code fingerprint)" in capsys.readouterr().err
+
+
+def test_modified_code_is_the_code_flag_when_recorded_else_the_tree_flag(tmp_path):
+    """A README edited during a run (tree dirty, code clean) is not modified code; an older run's dirty
+    tree still counts."""
+    for method in SPEED:
+        write_run(tmp_path / "r" / "docs_edit" / "0_m_qa_ctx8000" / method, method, code=CODE_1, dirty=True,
+                  code_dirty=False)
+        write_run(tmp_path / "r" / "code_edit" / "0_m_qa_ctx4000" / method, method, ctx=4000, code=CODE_1,
+                  dirty=True, code_dirty=method == "ar")
+        write_run(tmp_path / "r" / "older" / "0_m_qa_ctx2000" / method, method, ctx=2000, dirty=method == "ar")
+    table = cell_provenance(load_results(tmp_path / "r")).set_index("ctx")
+    assert table["modified code"].to_dict() == {2000: "yes", 4000: "yes", 8000: "no"}
 
 
 def test_a_speed_that_is_not_positive_is_one_line_not_a_traceback(tmp_path, capsys):

@@ -1,6 +1,8 @@
-"""Where a run ran: package versions, git commit, CPU (flags, BLAS) and GPU, threads, dtype (for summary.json)."""
+"""Where a run ran: package versions, git commit and code fingerprint, CPU (flags, BLAS) and GPU, threads,
+dtype (for summary.json)."""
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -29,19 +31,37 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def _git(*args: str) -> str | None:
+# What decides a run's numbers: engine, configs, entry point, pins (experiments/ only passes run.py arguments).
+CODE_PATHS = ("sparsespec", "conf", "run.py", "pyproject.toml")
+
+
+def _git(repo: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def git_state() -> dict:
-    """Commit of the checkout and whether tracked files differ from it (None outside a repo)."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+def code_fingerprint(repo: Path = REPO, commit: str = "HEAD") -> str | None:
+    """A hash of the git objects of CODE_PATHS at `commit` (`git ls-tree`: mode, object id and name of
+    each): equal for two commits exactly when they hold the same code. None outside a repo."""
+    listing = _git(repo, "ls-tree", "--full-tree", commit, "--", *CODE_PATHS)
+    return None if listing is None else hashlib.sha1(listing.encode()).hexdigest()
+
+
+def git_state(repo: Path = REPO) -> dict:
+    """The checkout's commit, whether tracked files differ from it (`dirty`), the fingerprint of its
+    code at that commit (`code`, see code_fingerprint) and whether tracked files under CODE_PATHS
+    differ from it (`code_dirty`); None for each outside a repo. `repo` is the checkout's root."""
+    commit = _git(repo, "rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "code": None, "code_dirty": None}
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    code_status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
+    return {"commit": commit, "dirty": None if status is None else bool(status),
+            "code": code_fingerprint(repo, commit),
+            "code_dirty": None if code_status is None else bool(code_status)}
 
 
 def cpu_name() -> str:
