@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import calibration, hf_reference, threads
-from sparsespec.batch import BatchGenerations
+from sparsespec.batch import one_after_another
 from sparsespec.calibration import RunCalibration
 from sparsespec.errors import ConfigError
 from sparsespec.models import load_model, max_context
@@ -70,16 +70,6 @@ def prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) ->
     methods = {**engine, **{label: (job.method, job.options) for label, job in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
                               lengths={label: job.length for label, job in profiles.items()}, memo=PREFILL_MEMO)
-
-
-def one_after_another(gens: list) -> BatchGenerations:
-    """Generations decoded one after another, as a batch: its times the sums of theirs, so its
-    throughput is their decode tokens over their summed decode time."""
-    batch = BatchGenerations(gens)
-    batch.decode_s = sum(g.decode_s for g in gens)
-    batch.prefill_s = sum(g.prefill_s for g in gens)
-    batch.batch_size = len(gens)
-    return batch
 
 
 def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], config: RunConfig, seed: int,
