@@ -189,13 +189,17 @@ class RunCalibration:
         return None if choice is None else choice.threads
 
 
-def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibration: RunCalibration) -> None:
-    """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
-    dict per prompt of a batch): the probes and AR steps at their counts, then each sized profile at
+def measure_planned(model, prompts: list, starts: list[dict], jobs: dict[str, ProfileJob],
+                    calibration: RunCalibration) -> None:
+    """Decode every job of `plan_profiles` on `prompts` (one prompt: a batch of one) from its start
+    (`starts`: one dict label -> Prefilled per prompt): the probes and AR steps at their counts, then each sized profile at
     the count its probes chose. Records in `calibration` each entry's thread choice and, for an entry
     that reads costs, its prior (the sized profile, or the chosen count's probe when there is none)."""
     def start_of(label):
-        return starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
+        return [s.pop(label) for s in starts]
+
+    def decoded(label):
+        return generate(model, prompts, prefilled=start_of(label), stop_at_eos=False)
 
     probes, decode_s, ar_steps = defaultdict(dict), defaultdict(dict), {}
     for label, job in jobs.items():
@@ -203,11 +207,11 @@ def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibrat
             continue
         with threads.using(job.threads):
             if job.method == AR:
-                ar_steps[job.threads] = threads.ar_step_s(generate(model, inputs, prefilled=start_of(label), stop_at_eos=False))
+                ar_steps[job.threads] = threads.ar_step_s(full_batch_rounds(decoded(label)))
             elif job.costs:
-                probes[job.entry][job.threads] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+                probes[job.entry][job.threads] = measure_cost_profile(model, prompts, prefilled=start_of(label))
             else:   # the same rounds at each count: their decode seconds compare (drafts or none)
-                decode_s[job.entry][job.threads] = generate(model, inputs, prefilled=start_of(label), stop_at_eos=False).decode_s
+                decode_s[job.entry][job.threads] = decoded(label).decode_s
     if ar_steps:
         calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
     for entry, by_count in decode_s.items():
@@ -222,7 +226,7 @@ def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibrat
     for label, job in jobs.items():
         if job.threads is None:
             with threads.using(calibration.choices[job.entry].threads):
-                calibration.priors[job.entry] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+                calibration.priors[job.entry] = measure_cost_profile(model, prompts, prefilled=start_of(label))
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,

@@ -75,13 +75,10 @@ def choose(cost_s: dict[int, float], measured: str, mixed: dict | None = None) -
     return ThreadChoice(threads=best, cost_s=dict(cost_s), measured=measured, mixed=mixed)
 
 
-def ar_step_s(gen) -> float:
-    """C_AR: median seconds of one AR step (an AR generation's rounds each verify one row)."""
-    return statistics.median(r.verify_s + r.draft_s + r.select_s for r in rounds_of(gen))
-
-
-def rounds_of(gen) -> list:
-    return [r for g in gen for r in g.rounds] if isinstance(gen, list) else gen.rounds
+def ar_step_s(rounds: list) -> float:
+    """C_AR: median seconds of one AR step, over an AR generation's `rounds` (each verifies one row
+    a sequence; a batch's round times are the batch's)."""
+    return statistics.median(r.verify_s + r.draft_s + r.select_s for r in rounds)
 
 
 def profile_work_s(profile) -> float:

@@ -181,7 +181,7 @@ def measured(tiny, prompt, jobs, monkeypatch=None) -> RunCalibration:
     starts = sparsespec.prefill(tiny, prompt, methods={label: (j.method, j.options) for label, j in jobs.items()},
                                 lengths={label: j.length for label, j in jobs.items()})
     calibration = RunCalibration()
-    measure_planned(tiny, prompt, starts, jobs, calibration)
+    measure_planned(tiny, [prompt], [starts], jobs, calibration)
     assert not starts                                                # every start decoded once
     return calibration
 
@@ -217,7 +217,7 @@ def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
                                 lengths={label: j.length for label, j in jobs.items()})
     before = torch.get_num_threads()
     calibration = RunCalibration()
-    measure_planned(tiny, prompt, starts, jobs, calibration)
+    measure_planned(tiny, [prompt], [starts], jobs, calibration)
     assert torch.get_num_threads() == before and not starts          # every start decoded once
     spec, ar = calibration.choices["sparsespec"], calibration.choices["ar"]
     assert set(spec.cost_s) == set(ar.cost_s) == {1, 2}

@@ -54,13 +54,13 @@ def load_inputs(config: RunConfig):
     return model, tokenizer, prompts
 
 
-def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: RunCalibration) -> None:
-    """Measure every job of `profiles` from its start in `starts` (one prompt's prefill: label ->
-    Prefilled; a batch's: a list of them) into `cost_priors` (priors and thread choices by entry)."""
+def measure_profiles(model, prompts: list, starts: list[dict], profiles: dict, cost_priors: RunCalibration) -> None:
+    """Measure every job of `profiles` on `prompts` from its start in `starts` (each prompt's prefill:
+    label -> Prefilled) into `cost_priors` (priors and thread choices by entry)."""
     if not profiles:
         return
     start = time.perf_counter()
-    calibration.measure_planned(model, inputs, starts, profiles, cost_priors)
+    calibration.measure_planned(model, prompts, starts, profiles, cost_priors)
     log.info("%d calibration decodes (from the shared prefill; not recorded as samples): %.1f s; threads %s",
              len(profiles), time.perf_counter() - start, {e: c.threads for e, c in cost_priors.choices.items()})
 
@@ -86,7 +86,7 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], con
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
     starts = [prefill(model, p, engine, profiles, max_new_tokens) if engine or profiles else {} for p in prompts]
-    measure_profiles(model, prompts[0] if one else prompts, starts[0] if one else starts, profiles, cost_priors)
+    measure_profiles(model, prompts, starts, profiles, cost_priors)
     common = dict(temperature=config.temperature, top_p=config.top_p, seed=seed, stop_at_eos=config.stop_at_eos)
     gens = {}
     for label, (method, options) in decoders.items():
