@@ -28,8 +28,10 @@ sparse-KV policies gather each sequence's own positions into one padded draft ca
 with the first layers over the batch cache, prompt lookup looks up per sequence, AR proposes nothing.
 A drafter that is not `batchable` (oracle, Quest, assisted, a static draft) drafts one sequence at a
 time: its batch of B prompts is decoded as B batches of one, in order, through this same loop
-(`decode_each`); the batch's `decode_s` is the sum of the parts, and each row's time counts from the
-start of the first part, so a later row includes the earlier rows' decoding.
+(`decode_each`). Rows decoded one after another (these, and the harness's transformers rows) are timed
+by one rule, `one_after_another`: each row's `decode_s` is its own decoding, so its tokens/s compares
+with the same prompt decoded alone, and the batch's `decode_s` is the sum of the rows' (its throughput:
+summed tokens over summed time).
 
 Sampling: one `Sampler` for the batch; each row is drawn on its own and each sequence runs exact
 rejection sampling on its own drafts (`accept_sampling`), so each output keeps the model's
@@ -122,8 +124,8 @@ class Sequence:
 
 class BatchGenerations(list):
     """One `Generation` per prompt, in order, plus the batch's own totals: `decode_s` (wall time
-    of the batched loop; decoded one sequence at a time, the sum of the sequences'), `prefill_s`
-    (the B prefills, run one by one), `batch_size`."""
+    of the batched loop; decoded one sequence at a time, the sum of the sequences': `one_after_another`),
+    `prefill_s` (the B prefills, run one by one), `batch_size`."""
     decode_s: float = 0.0
     prefill_s: float = 0.0
     batch_size: int = 0
@@ -154,18 +156,23 @@ def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None
 
 def decode_each(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
     """`starts` decoded as batches of one, in order, each with its own controller, drawing from the
-    one `sampler`. `decode_s`: the sum of the parts; each row's `decode_s` (when it finished) counts
-    from the start of the first part."""
-    out = BatchGenerations()
-    out.batch_size = len(starts)
+    one `sampler`; timed as rows `one_after_another`."""
+    rows = []
     for start in starts:
-        part = decode_together(model, [start], sampler, stop_ids, cost_prior)
-        (gen,) = part
-        gen.decode_s += out.decode_s           # the rows decoded before this one
-        out.decode_s += part.decode_s
-        out.prefill_s += part.prefill_s
-        out.append(gen)
-    return out
+        (gen,) = decode_together(model, [start], sampler, stop_ids, cost_prior)
+        rows.append(gen)
+    return one_after_another(rows)
+
+
+def one_after_another(gens: list) -> BatchGenerations:
+    """Generations decoded one after another, as a batch. Each keeps its own times (a row's tokens/s
+    is that of its prompt decoded alone); the batch's are the sums of theirs, so its throughput is
+    their decode tokens over their summed decode time."""
+    batch = BatchGenerations(gens)
+    batch.decode_s = sum(g.decode_s for g in gens)
+    batch.prefill_s = sum(g.prefill_s for g in gens)
+    batch.batch_size = len(gens)
+    return batch
 
 
 def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:

@@ -38,7 +38,10 @@ method decodes in the run (num_prompts x max_new_tokens):
 A run also chooses each method's thread count (sparsespec/threads.py; `plan_profiles`, `measure_planned`):
 first a probe, one cycle of the floor, at every count compared, with a few AR steps at each beside it;
 then the sized profile at the count the probes chose only (the probe itself when the profile is the
-floor). A count that loses under load is never paid for at the profile's full length.
+floor). A count that loses under load is never paid for at the profile's full length. Entries of one
+method with the same drafter options (`probe_groups`: `sparsespec` and `sparsespec_fixed:k=4` draft and
+verify alike, only their controllers differ) share one probe, one count and one sized profile: probed
+apart, two measurements of the same work could choose different counts in one process.
 """
 from __future__ import annotations
 
@@ -127,38 +130,62 @@ def profile_size(max_new_tokens: int, num_prompts: int, ks=DEFAULT_KS) -> tuple[
 
 
 class ProfileJob(NamedTuple):
-    """One generation of a run's calibration: a probe or cost profile of `entry`'s method, or AR steps."""
+    """One generation of a run's calibration: a probe or cost profile of one drafter, shared by the
+    run's `entries` that decode with it (`probe_groups`), or AR steps."""
     method: str
     options: dict
     length: int        # max_new_tokens of its generation
-    entry: str         # the run's entry it calibrates (AR for the AR steps)
-    threads: int | None   # None: the sized profile, at the count its entry's probes choose
-    costs: bool = True    # the entry's controller reads costs: its probes are cost profiles, one its prior
+    entries: tuple[str, ...]   # the run's entries it calibrates ((AR,) for the AR steps)
+    threads: int | None   # None: the sized profile, at the count the entries' probes choose
+    priors: tuple[str, ...] = ()   # those of `entries` whose controller reads costs: each gets the profile as its prior
+
+    @property
+    def costs(self) -> bool:
+        """Whether it is a cost profile (an entry reads costs), else the first entry decoding as itself."""
+        return bool(self.priors)
+
+
+def probe_groups(wanted: dict[str, tuple[str, dict]]) -> list[tuple[str, ...]]:
+    """The entries of `wanted` (entry -> (method, options)) that share a thread probe, in order: one
+    method with the same drafter options (resolved, defaults included) drafts and verifies alike
+    whatever its controller, so its entries get one probe and one count, not two noisy ones."""
+    groups: list[tuple[tuple, list[str]]] = []
+    for entry, (method, options) in wanted.items():
+        key = (method, resolve(method, options).drafter_options.as_dict())
+        members = next((m for k, m in groups if k == key), None)
+        if members is None:
+            groups.append((key, [entry]))
+        else:
+            members.append(entry)
+    return [tuple(members) for _, members in groups]
 
 
 def plan_profiles(wanted: dict[str, tuple[str, dict]], *, ar: bool, max_new_tokens: int, num_prompts: int,
                   counts=None) -> dict[str, ProfileJob]:
-    """label -> ProfileJob, in the order to measure: for every entry of `wanted` (entry -> (method,
-    options), each a drafting method: `has_thread_probe`) a probe at each thread count of `counts`
-    (default `threads.thread_counts()`), then AR steps at each if `ar`, then the sized profile of
-    each entry whose controller reads costs, unless it is the probe. Prefill them beside the run's
-    methods, each at its `length`."""
+    """label -> ProfileJob, in the order to measure: for every group of `probe_groups(wanted)` (entry ->
+    (method, options), each a drafting method: `has_thread_probe`) a probe at each thread count of
+    `counts` (default `threads.thread_counts()`), then AR steps at each if `ar`, then one sized profile
+    for each group with an entry whose controller reads costs, unless it is the probe. A group's probe
+    is a cost profile's floor if one of its entries reads costs, else its first entry decoding as
+    itself. Prefill them beside the run's methods, each at its `length`."""
     counts = threads.thread_counts() if counts is None else tuple(counts)
     ks, repeats = profile_size(max_new_tokens, num_prompts)
-    costs = {entry: reads_costs(method, options) for entry, (method, options) in wanted.items()}
+    groups = [(entries, tuple(e for e in entries if reads_costs(*wanted[e]))) for entries in probe_groups(wanted)]
     jobs = {}
-    for entry, (method, options) in wanted.items():
-        for t in counts:   # a cost profile's floor; a method that ignores costs decodes as itself
-            probe = profile_decoder(method, options, FLOOR_KS, 1) if costs[entry] else \
-                (method, options, cycle_tokens(FLOOR_KS, 1))
-            jobs[f"thread probe of {entry} @{t} threads"] = ProfileJob(*probe, entry, t, costs[entry])
+    for entries, priors in groups:
+        method, options = wanted[priors[0] if priors else entries[0]]
+        probe = profile_decoder(method, options, FLOOR_KS, 1) if priors else (method, options, cycle_tokens(FLOOR_KS, 1))
+        for t in counts:
+            jobs[f"thread probe of {' + '.join(entries)} @{t} threads"] = ProfileJob(*probe, entries, t, priors)
     if ar:
         for t in counts:
-            jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, AR, t)
+            jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, (AR,), t)
     if (ks, repeats) != (FLOOR_KS, 1):
-        for entry, (method, options) in wanted.items():
-            if costs[entry]:
-                jobs[f"cost profile of {entry}"] = ProfileJob(*profile_decoder(method, options, ks, repeats), entry, None)
+        for entries, priors in groups:
+            if priors:
+                method, options = wanted[priors[0]]
+                jobs[f"cost profile of {' + '.join(priors)}"] = ProfileJob(
+                    *profile_decoder(method, options, ks, repeats), entries, None, priors)
     return jobs
 
 
@@ -185,46 +212,59 @@ class RunCalibration:
         """Whether `entry` is calibrated: its threads chosen (and its prior measured, if it reads costs)."""
         return entry in self.priors or entry in self.choices
 
+    def choose_for(self, entries: tuple[str, ...], choice: threads.ThreadChoice) -> None:
+        """Record one probe's `choice` for every entry that shared it."""
+        for entry in entries:
+            self.choices[entry] = choice
+
     def threads_for(self, label: str, method: str) -> int | None:
         """The count a decoder decodes with (None: the process's own, nothing was measured for it)."""
         choice = self.choices.get(AR if method == AR else label)
         return None if choice is None else choice.threads
 
 
-def measure_planned(model, inputs, starts, jobs: dict[str, ProfileJob], calibration: RunCalibration) -> None:
-    """Decode every job of `plan_profiles` from its start (`starts`: label -> Prefilled, or one such
-    dict per prompt of a batch): the probes and AR steps at their counts, then each sized profile at
+def measure_planned(model, prompts: list, starts: list[dict], jobs: dict[str, ProfileJob],
+                    calibration: RunCalibration) -> None:
+    """Decode every job of `plan_profiles` on `prompts` (one prompt: a batch of one) from its start
+    (`starts`: one dict label -> Prefilled per prompt): the probes and AR steps at their counts, then each sized profile at
     the count its probes chose. Records in `calibration` each entry's thread choice and, for an entry
     that reads costs, its prior (the sized profile, or the chosen count's probe when there is none)."""
     def start_of(label):
-        return starts.pop(label) if isinstance(starts, dict) else [s.pop(label) for s in starts]
+        return [s.pop(label) for s in starts]
+
+    def decoded(label):
+        return generate(model, prompts, prefilled=start_of(label), stop_at_eos=False)
 
     probes, decode_s, ar_steps = defaultdict(dict), defaultdict(dict), {}
+    priors_of = {job.entries: job.priors for job in jobs.values()}
     for label, job in jobs.items():
         if job.threads is None:
             continue
         with threads.using(job.threads):
             if job.method == AR:
-                ar_steps[job.threads] = threads.ar_step_s(generate(model, inputs, prefilled=start_of(label), stop_at_eos=False))
+                ar_steps[job.threads] = threads.ar_step_s(full_batch_rounds(decoded(label)))
             elif job.costs:
-                probes[job.entry][job.threads] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+                probes[job.entries][job.threads] = measure_cost_profile(model, prompts, prefilled=start_of(label))
             else:   # the same rounds at each count: their decode seconds compare (drafts or none)
-                decode_s[job.entry][job.threads] = generate(model, inputs, prefilled=start_of(label), stop_at_eos=False).decode_s
+                decode_s[job.entries][job.threads] = decoded(label).decode_s
     if ar_steps:
         calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
-    for entry, by_count in decode_s.items():
-        calibration.choices[entry] = threads.choose(by_count, "the probe's decode seconds")
+    for entries, by_count in decode_s.items():
+        calibration.choose_for(entries, threads.choose(by_count, "the probe's decode seconds", shared_by=entries))
     counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
     switch_s = threads.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
-    for entry, by_count in probes.items():
+    for entries, by_count in probes.items():
         choice = threads.choose({t: threads.profile_work_s(p) for t, p in by_count.items()},
-                                "W = sum_k (k C_d + C_v(k))", threads.mixed_plan(by_count, switch_s))
-        calibration.choices[entry] = choice
-        calibration.priors[entry] = by_count[choice.threads]
+                                "W = sum_k (k C_d + C_v(k))", threads.mixed_plan(by_count, switch_s), shared_by=entries)
+        calibration.choose_for(entries, choice)
+        for entry in priors_of[entries]:
+            calibration.priors[entry] = by_count[choice.threads]
     for label, job in jobs.items():
         if job.threads is None:
-            with threads.using(calibration.choices[job.entry].threads):
-                calibration.priors[job.entry] = measure_cost_profile(model, inputs, prefilled=start_of(label))
+            with threads.using(calibration.choices[job.entries[0]].threads):
+                profile = measure_cost_profile(model, prompts, prefilled=start_of(label))
+            for entry in job.priors:
+                calibration.priors[entry] = profile
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,

@@ -6,7 +6,9 @@ one thread does not wait at all; on a quiet machine the threads may still pay. N
 advance, so a run measures both: a probe of its cost profile (one round at k = 1, 2;
 sparsespec/calibration.py) and a few AR steps are decoded at each of `thread_counts()` (1 and the
 process's default), from the same prefill, and every method decodes with its own faster setting, AR
-included (the speed-up's denominator is never a handicapped AR).
+included (the speed-up's denominator is never a handicapped AR). Entries that draft and verify alike
+(one method, the same drafter options, any controller: `calibration.probe_groups`) share one probe and
+its setting; `ThreadChoice.probe_shared_by` names them.
 
 The settings are compared on the same work, so the comparison is paired:
 
@@ -64,24 +66,25 @@ class ThreadChoice:
     cost_s: dict[int, float]
     measured: str            # what `cost_s` is: "C_AR" or "W = sum_k (k C_d + C_v(k))"
     mixed: dict | None = None
+    probe_shared_by: tuple[str, ...] = ()   # the run's entries this one probe chose for (AR's steps: none)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "cost_s": {str(t): s for t, s in sorted(self.cost_s.items())}}
+        return {**asdict(self), "cost_s": {str(t): s for t, s in sorted(self.cost_s.items())},
+                "probe_shared_by": list(self.probe_shared_by)}
 
 
-def choose(cost_s: dict[int, float], measured: str, mixed: dict | None = None) -> ThreadChoice:
-    """The count with the least cost; a tie goes to fewer threads."""
+def choose(cost_s: dict[int, float], measured: str, mixed: dict | None = None,
+           shared_by: tuple[str, ...] = ()) -> ThreadChoice:
+    """The count with the least cost; a tie goes to fewer threads. `shared_by`: the entries it is for."""
     best = min(sorted(cost_s), key=lambda t: cost_s[t])
-    return ThreadChoice(threads=best, cost_s=dict(cost_s), measured=measured, mixed=mixed)
+    return ThreadChoice(threads=best, cost_s=dict(cost_s), measured=measured, mixed=mixed,
+                        probe_shared_by=tuple(shared_by))
 
 
-def ar_step_s(gen) -> float:
-    """C_AR: median seconds of one AR step (an AR generation's rounds each verify one row)."""
-    return statistics.median(r.verify_s + r.draft_s + r.select_s for r in rounds_of(gen))
-
-
-def rounds_of(gen) -> list:
-    return [r for g in gen for r in g.rounds] if isinstance(gen, list) else gen.rounds
+def ar_step_s(rounds: list) -> float:
+    """C_AR: median seconds of one AR step, over an AR generation's `rounds` (each verifies one row
+    a sequence; a batch's round times are the batch's)."""
+    return statistics.median(r.verify_s + r.draft_s + r.select_s for r in rounds)
 
 
 def profile_work_s(profile) -> float:

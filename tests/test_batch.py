@@ -203,8 +203,8 @@ ONE_AT_A_TIME = {     # drafters that are not batchable: a batch of them decodes
     pytest.param(a, c, marks=() if (a, c) == ("llama", "quest") else pytest.mark.slow)
     for a in ARCHS for c in sorted(ONE_AT_A_TIME)])
 def test_methods_not_batched_decode_a_batch_one_sequence_at_a_time(references, arch, case):
-    """Greedy: each sequence equals AR alone; the batch's time is the sum of its sequences', and each
-    row's time counts from the start of the batch (a later row includes the earlier rows')."""
+    """Greedy: each sequence equals AR alone; each row has its own decode time and the batch's is
+    their sum (the timing rule itself: test_rows_one_after_another_keep_their_own_times)."""
     model, prompts, alone = references[arch]
     method, options = ONE_AT_A_TIME[case]
     rows = prompts[1:]                                        # 90, 200 and 40 tokens
@@ -214,8 +214,50 @@ def test_methods_not_batched_decode_a_batch_one_sequence_at_a_time(references, a
     assert [g.prompt_tokens for g in gens] == list(LENGTHS[1:])
     assert all(g.options["batch_size"] == len(rows) and g.method == method for g in gens)
     assert any(r.drafted for g in gens for r in g.rounds), "nothing was drafted: the case proves nothing"
-    assert 0 < gens[0].decode_s < gens[1].decode_s < gens[2].decode_s <= gens.decode_s
+    assert all(g.decode_s > 0 for g in gens) and gens.decode_s == pytest.approx(sum(g.decode_s for g in gens))
     assert gens.prefill_s == pytest.approx(sum(g.prefill_s for g in gens))
+
+
+def rows_decoded_by_the_loop(monkeypatch, rows):
+    """`rows` (Generations) as `decode_each` returns them, each row's part stubbed to take longer than
+    its row (the loop's clock stops after the row's end)."""
+    parts = iter(rows)
+
+    def one_part(model, starts, sampler, stop_ids, cost_prior=None):
+        part = batch.BatchGenerations([next(parts)])
+        part.decode_s, part.prefill_s, part.batch_size = part[0].decode_s + 0.5, part[0].prefill_s, 1
+        return part
+    monkeypatch.setattr(batch, "decode_together", one_part)
+    return batch.decode_each(None, [object()] * len(rows), Sampler(), set())
+
+
+def rows_decoded_by_transformers(monkeypatch, rows):
+    """`rows` as the harness's batch of a transformers reference decoder (hf_generate) returns them."""
+    from omegaconf import OmegaConf
+
+    from sparsespec import hf_reference
+    from sparsespec.harness import decoding
+    parts = iter(rows)
+    monkeypatch.setattr(hf_reference, "hf_generate", lambda model, prompt, **kwargs: next(parts))
+    config = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False, "batch_size": len(rows)})
+    inputs = [[1, 2, 3]] * len(rows)
+    return decoding.decode_batch(None, inputs, {"hf_generate": ("hf_generate", {})}, config, 0, 4)["hf_generate"]
+
+
+@pytest.mark.parametrize("path", [rows_decoded_by_the_loop, rows_decoded_by_transformers])
+def test_rows_one_after_another_keep_their_own_times(monkeypatch, path):
+    """Both ways of decoding a batch row after row time it by one rule: each row keeps its own decode
+    time (its tokens/s is its prompt's alone), and the batch's is the sum of the rows' times."""
+    from sparsespec.generation import Generation, Round
+    own = [1.0, 2.0, 4.0]
+    rows = [Generation(tokens=[7] * (n + 1), prefill_s=0.1 * n, decode_s=s, method="x",
+                       rounds=[Round(drafted=0, accepted=0, emitted=1, entropies=[], draft_s=0.0, verify_s=0.0)] * n)
+            for n, s in zip((3, 5, 2), own)]
+    gens = path(monkeypatch, rows)
+    assert [g.decode_s for g in gens] == own                 # not counted from the batch's start
+    assert gens.decode_s == pytest.approx(sum(own)) and gens.batch_size == 3
+    assert gens.prefill_s == pytest.approx(0.1 * (3 + 5 + 2))
+    assert gens.tokens_per_s == pytest.approx((3 + 5 + 2) / sum(own))
 
 
 @pytest.mark.slow   # ~3 s

@@ -113,6 +113,9 @@ def test_every_method_gets_the_folder_and_files_of_a_run(bench, tmp_path):
     for measured in (spec, ar_summary, fixed):
         assert measured["run"]["threads"]["threads"] in thread_counts()
         assert set(measured["run"]["threads"]["cost_s"]) == {str(t) for t in thread_counts()}
+    # one drafter with the same options: the entropy and the fixed-k entries share one probe and its count
+    assert spec["run"]["threads"] == fixed["run"]["threads"]
+    assert spec["run"]["threads"]["probe_shared_by"] == METHODS[:2]
     assert spec["env"]["blas"] and set(spec["env"]["cpu_flags"]) == {"avx2", "avx512", "amx"}
     assert set(spec["run"]["load"]) == {"cpu_busy_before", "cpu_busy_after", "noisy"}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
-                                    PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, profile_cycle,
-                                    profile_size, reads_costs)
+                                    PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, probe_groups,
+                                    profile_cycle, profile_size, reads_costs)
 from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
@@ -119,15 +120,17 @@ def test_the_profile_stays_within_its_share_of_the_run_or_at_the_floor(max_new_t
 def test_a_smoke_run_plans_a_probe_and_ar_steps_at_every_count_and_nothing_more():
     jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=True, max_new_tokens=16,
                          num_prompts=2, counts=(1, 2))
-    assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("ar", 1), ("ar", 2)]
+    assert [(j.entries, j.threads) for j in jobs.values()] == [(("sparsespec",), 1), (("sparsespec",), 2),
+                                                               (("ar",), 1), (("ar",), 2)]
     probe = next(iter(jobs.values()))
     assert probe.options["ks"] == profile_cycle(FLOOR_KS) and probe.length == cycle_tokens(profile_cycle(FLOOR_KS), 1)
-    assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entry == "ar")
+    assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entries == ("ar",))
 
 
 def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
     jobs = plan_profiles({"sparsespec": ("sparsespec", {})}, ar=False, max_new_tokens=128, num_prompts=4, counts=(1, 2))
-    assert [(j.entry, j.threads) for j in jobs.values()] == [("sparsespec", 1), ("sparsespec", 2), ("sparsespec", None)]
+    assert [(j.entries, j.threads, j.priors) for j in jobs.values()] == [(("sparsespec",), t, ("sparsespec",))
+                                                                          for t in (1, 2, None)]
     sized = list(jobs.values())[-1]
     assert sized.options["ks"] == profile_cycle(DEFAULT_KS) and sized.length == cycle_tokens(profile_cycle(DEFAULT_KS), 2)
 
@@ -135,10 +138,59 @@ def test_a_long_run_adds_the_sized_profile_once_at_the_chosen_count():
 def test_a_method_that_ignores_costs_gets_thread_probes_as_itself_and_no_cost_profile():
     jobs = plan_profiles({"fixed": ("sparsespec", {"controller": "fixed", "k": 4}), "pld": ("pld", {})},
                          ar=True, max_new_tokens=128, num_prompts=4, counts=(1, 2))
-    assert [(j.entry, j.threads, j.costs) for j in jobs.values()] == [
-        ("fixed", 1, False), ("fixed", 2, False), ("pld", 1, False), ("pld", 2, False), ("ar", 1, True), ("ar", 2, True)]
+    assert [(j.entries, j.threads, j.costs) for j in jobs.values()] == [
+        (("fixed",), 1, False), (("fixed",), 2, False), (("pld",), 1, False), (("pld",), 2, False),
+        (("ar",), 1, False), (("ar",), 2, False)]
     fixed = next(iter(jobs.values()))
     assert fixed.options == {"controller": "fixed", "k": 4} and fixed.length == cycle_tokens(FLOOR_KS, 1)
+
+
+ONE_DRAFTER = {"sparsespec": ("sparsespec", {"budget": 0.5}),                          # the entropy controller
+               "sparsespec_fixed:k=4": ("sparsespec", {"budget": 0.5, "controller": "fixed", "k": 4}),
+               "other budget": ("sparsespec", {"budget": 0.3, "controller": "fixed", "k": 4}),
+               "pld": ("pld", {})}
+
+
+def test_entries_of_one_drafter_share_a_probe_and_one_sized_profile_whatever_their_controllers():
+    assert probe_groups(ONE_DRAFTER) == [("sparsespec", "sparsespec_fixed:k=4"), ("other budget",), ("pld",)]
+    jobs = plan_profiles(ONE_DRAFTER, ar=False, max_new_tokens=128, num_prompts=4, counts=(1, 2))
+    shared = ("sparsespec", "sparsespec_fixed:k=4")
+    assert [(j.entries, j.threads, j.priors) for j in jobs.values()] == [
+        (shared, 1, ("sparsespec",)), (shared, 2, ("sparsespec",)), (("other budget",), 1, ()),
+        (("other budget",), 2, ()), (("pld",), 1, ()), (("pld",), 2, ()), (shared, None, ("sparsespec",))]
+    probe = next(iter(jobs.values()))       # the entropy entry's cost profile floor: it needs a prior
+    assert probe.costs and probe.options["controller"] == "cycle" and probe.options["budget"] == 0.5
+    # the same drafter options spelled out or left to their defaults are the same drafter
+    default = {"budget": sparsespec.method_options.resolve("sparsespec", {}).drafter_options.as_dict()["budget"]}
+    assert len(probe_groups({"a": ("sparsespec", {}), "b": ("sparsespec", {"controller": "fixed", **default})})) == 1
+
+
+def test_entries_sharing_a_probe_get_one_choice_from_one_probe_and_only_the_cost_reader_a_prior(monkeypatch):
+    """Stubbed timers: each probe's cost depends on the count it runs at, and the calls are counted."""
+    import sparsespec.calibration as calibration_module
+    probed = []
+
+    def cost_profile_at_this_count(model, prompts, prefilled):
+        probed.append(torch.get_num_threads())
+        return profile(0.01, {1: 0.05, 2: 0.06} if torch.get_num_threads() == 2 else {1: 0.5, 2: 0.6})
+
+    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos):
+        probed.append(torch.get_num_threads())
+        return SimpleNamespace(decode_s=0.1 if torch.get_num_threads() == 1 else 1.0)
+    monkeypatch.setattr(calibration_module, "measure_cost_profile", cost_profile_at_this_count)
+    monkeypatch.setattr(calibration_module, "generate", decoded_at_this_count)
+    monkeypatch.setattr(threads, "switch_cost_s", lambda counts: 0.0)
+    jobs = plan_profiles(ONE_DRAFTER, ar=False, max_new_tokens=16, num_prompts=2, counts=(1, 2))  # the floor only
+    starts = [{label: object() for label in jobs}]
+    calibration = RunCalibration()
+    measure_planned(None, [random_prompt(10)], starts, jobs, calibration)
+    assert not starts[0] and sorted(probed) == [1, 1, 1, 2, 2, 2]           # 3 probes at each count, not 4
+    shared = calibration.choices["sparsespec"]
+    assert calibration.choices["sparsespec_fixed:k=4"] is shared and shared.threads == 2
+    assert shared.as_dict()["probe_shared_by"] == ["sparsespec", "sparsespec_fixed:k=4"]
+    assert calibration.get("sparsespec").verify_s == {1: 0.05, 2: 0.06} and calibration.get("sparsespec_fixed:k=4") is None
+    for entry in ("other budget", "pld"):
+        assert calibration.choices[entry].threads == 1 and calibration.choices[entry].probe_shared_by == (entry,)
 
 
 def test_every_drafting_method_is_probed_and_only_the_entropy_controller_reads_costs():
@@ -181,7 +233,7 @@ def measured(tiny, prompt, jobs, monkeypatch=None) -> RunCalibration:
     starts = sparsespec.prefill(tiny, prompt, methods={label: (j.method, j.options) for label, j in jobs.items()},
                                 lengths={label: j.length for label, j in jobs.items()})
     calibration = RunCalibration()
-    measure_planned(tiny, prompt, starts, jobs, calibration)
+    measure_planned(tiny, [prompt], [starts], jobs, calibration)
     assert not starts                                                # every start decoded once
     return calibration
 
@@ -217,7 +269,7 @@ def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
                                 lengths={label: j.length for label, j in jobs.items()})
     before = torch.get_num_threads()
     calibration = RunCalibration()
-    measure_planned(tiny, prompt, starts, jobs, calibration)
+    measure_planned(tiny, [prompt], [starts], jobs, calibration)
     assert torch.get_num_threads() == before and not starts          # every start decoded once
     spec, ar = calibration.choices["sparsespec"], calibration.choices["ar"]
     assert set(spec.cost_s) == set(ar.cost_s) == {1, 2}

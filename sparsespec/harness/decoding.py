@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import calibration, hf_reference, threads
-from sparsespec.batch import BatchGenerations
+from sparsespec.batch import one_after_another
 from sparsespec.calibration import RunCalibration
 from sparsespec.errors import ConfigError
 from sparsespec.models import load_model, max_context
@@ -54,13 +54,13 @@ def load_inputs(config: RunConfig):
     return model, tokenizer, prompts
 
 
-def measure_profiles(model, inputs, starts, profiles: dict, cost_priors: RunCalibration) -> None:
-    """Measure every job of `profiles` from its start in `starts` (one prompt's prefill: label ->
-    Prefilled; a batch's: a list of them) into `cost_priors` (priors and thread choices by entry)."""
+def measure_profiles(model, prompts: list, starts: list[dict], profiles: dict, cost_priors: RunCalibration) -> None:
+    """Measure every job of `profiles` on `prompts` from its start in `starts` (each prompt's prefill:
+    label -> Prefilled) into `cost_priors` (priors and thread choices by entry)."""
     if not profiles:
         return
     start = time.perf_counter()
-    calibration.measure_planned(model, inputs, starts, profiles, cost_priors)
+    calibration.measure_planned(model, prompts, starts, profiles, cost_priors)
     log.info("%d calibration decodes (from the shared prefill; not recorded as samples): %.1f s; threads %s",
              len(profiles), time.perf_counter() - start, {e: c.threads for e, c in cost_priors.choices.items()})
 
@@ -70,16 +70,6 @@ def prefill(model, prompt, engine: dict, profiles: dict, max_new_tokens: int) ->
     methods = {**engine, **{label: (job.method, job.options) for label, job in profiles.items()}}
     return sparsespec.prefill(model, prompt, methods=methods, max_new_tokens=max_new_tokens,
                               lengths={label: job.length for label, job in profiles.items()}, memo=PREFILL_MEMO)
-
-
-def one_after_another(gens: list) -> BatchGenerations:
-    """Generations decoded one after another, as a batch: its times the sums of theirs, so its
-    throughput is their decode tokens over their summed decode time."""
-    batch = BatchGenerations(gens)
-    batch.decode_s = sum(g.decode_s for g in gens)
-    batch.prefill_s = sum(g.prefill_s for g in gens)
-    batch.batch_size = len(gens)
-    return batch
 
 
 def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], config: RunConfig, seed: int,
@@ -96,7 +86,7 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], con
     prompts = [torch.as_tensor(ids).view(-1) for ids in inputs]
     engine = {label: d for label, d in decoders.items() if not hf_reference.is_reference(d[0])}
     starts = [prefill(model, p, engine, profiles, max_new_tokens) if engine or profiles else {} for p in prompts]
-    measure_profiles(model, prompts[0] if one else prompts, starts[0] if one else starts, profiles, cost_priors)
+    measure_profiles(model, prompts, starts, profiles, cost_priors)
     common = dict(temperature=config.temperature, top_p=config.top_p, seed=seed, stop_at_eos=config.stop_at_eos)
     gens = {}
     for label, (method, options) in decoders.items():
