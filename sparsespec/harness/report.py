@@ -32,7 +32,8 @@ def speedup_line(metrics: dict) -> str:
     """`1.52x [1.20, 1.93] (geometric mean over 5 prompts, 95% CI on the log scale)`; one prompt gives
     its speed-up and says that there is no interval."""
     n = metrics["n_prompts"]
-    how = (f"geometric mean over {n} prompts, 95% CI on the log scale" if metrics.get("speedup_vs_ar_ci95_low") is not None
+    interval_known = metrics.get("speedup_vs_ar_ci95_low") is not None
+    how = (f"geometric mean over {n} prompts, 95% CI on the log scale" if interval_known
            else f"{n} prompt{'s' * (n != 1)}: no interval below 2 prompts")
     return f"{ratio_text(metrics, 'speedup_vs_ar')} ({how})"
 
@@ -126,7 +127,8 @@ def bench_row(entry: str, summary: dict) -> dict:
     return {{**BENCH_COLUMNS, **BATCH_COLUMNS}[k]: v for k, v in row.items()}
 
 
-BATCH_COLUMNS = {"batch_tokens_per_s": "batch tok/s", "batch_speedup": "batch speed-up vs batched AR (geo. mean, 95% CI)",
+BATCH_COLUMNS = {"batch_tokens_per_s": "batch tok/s",
+                 "batch_speedup": "batch speed-up vs batched AR (geo. mean, 95% CI)",
                  "latency_s": "latency s (per sequence)"}
 
 
