@@ -104,20 +104,18 @@ def combined_verdict(verdicts: list[str]) -> str:
 
 
 def _logs(values) -> np.ndarray:
-    values = np.asarray([float(v) for v in values if v is not None and not math.isnan(float(v))])
-    if (values <= 0).any():
-        raise ValueError(f"a ratio must be positive to take its log; got {values[values <= 0][0]}")
-    return np.log(values)
+    return np.asarray(stats.log_ratios(float(v) for v in values if v is not None), dtype=float)
 
 
 def geometric(values) -> Estimate:
-    """Geometric mean of positive ratios (one cell's prompts) with its Student-t 95% interval."""
-    ci = stats.mean_ci(_logs(values).tolist())
+    """Geometric mean of positive ratios (one cell's prompts) with its Student-t 95% interval on the
+    log scale (`sparsespec.stats.geometric_ci`, the harness's summary.json uses the same)."""
+    ci = stats.geometric_ci(float(v) for v in values if v is not None)
     if ci.mean is None:
         return NONE
     if ci.low is None:
-        return Estimate(math.exp(ci.mean), None, None, ci.n, 1, how="one prompt")
-    return Estimate(math.exp(ci.mean), math.exp(ci.low), math.exp(ci.high), ci.n, 1, how="t over prompts")
+        return Estimate(ci.mean, None, None, ci.n, 1, how="one prompt")
+    return Estimate(ci.mean, ci.low, ci.high, ci.n, 1, how="t over prompts")
 
 
 def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:

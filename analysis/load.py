@@ -36,8 +36,10 @@ SAMPLE_COLUMNS = ("prompt_id", "context_tokens", "new_tokens", "prefill_s", "dec
                   # a batched run's rows (batch_size > 1): row 0 of each batch carries the batch's speed-up
                   "batch_size", "batch_row", "batch_speedup_vs_ar")
 TIME_SPLIT_KEYS = ("prefill", "draft", "verify", "select", "other")
-# summary.json "metrics", prefixed with "run_" (pooled over the run's prompts).
-METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",
+# summary.json "metrics", prefixed with "run_" (pooled over the run's prompts). Its ratios (speed-ups,
+# bounds) are geometric means where ratio_mean is "geometric"; older summaries (no ratio_mean) hold
+# arithmetic means, so the tables recompute speed-ups from the samples rather than average these.
+METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "ratio_mean", "speedup_vs_ar", "speedup_vs_ar_log_std",
                "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high", "mean_accepted", "acceptance_rate",
                "prefill_s_mean", "decode_s_mean", "outputs_match_ar", "score_mean", "c_ar_s", "c_draft_s",
                "c_verify_s", "select_s_per_round", "draft_steps_per_round", "bound", "bound_reached",

@@ -70,8 +70,8 @@ def speedup_columns(speedups: pd.Series) -> dict:
 
 # ---------------------------------------------------------------- measured costs
 
-COST_METRICS = {"speedup": "run_speedup_vs_ar", "speedup_ci95_low": "run_speedup_vs_ar_ci95_low",
-                "speedup_ci95_high": "run_speedup_vs_ar_ci95_high", "mean_accepted": "run_mean_accepted",
+SPEEDUP_COLUMNS = ("speedup", "speedup_ci95_low", "speedup_ci95_high")
+COST_METRICS = {"mean_accepted": "run_mean_accepted",
                 "outputs_match_ar": "run_outputs_match_ar", "c_ar_ms": "run_c_ar_s", "c_draft_ms": "run_c_draft_s",
                 "c_verify_ms": "run_c_verify_s", "draft_steps_per_round": "run_draft_steps_per_round",
                 "select_ms_per_round": "run_select_s_per_round", "bound": "run_bound",
@@ -80,17 +80,22 @@ MILLISECONDS = ("c_ar_ms", "c_draft_ms", "c_verify_ms", "select_ms_per_round")
 
 
 def measured_costs(df: pd.DataFrame) -> pd.DataFrame:
-    """Per setting and method: the speed-up, the measured costs C_AR (AR seconds per token), C_d
-    (seconds per draft step), C_v (verify seconds per round) and select+gather per round, in ms,
-    and the cost-model bound with the share of it reached (the side-by-side benchmark's table)."""
+    """Per setting and method: the speed-up (geometric mean over the setting's prompts, 95% interval
+    on the log scale, as in `method_comparison`: recomputed from the samples, since older summaries
+    hold arithmetic means), the measured costs C_AR (AR seconds per token), C_d (seconds per draft
+    step), C_v (verify seconds per round) and select+gather per round, in ms, and the cost-model
+    bound with the share of it reached (the runs' summary.json values, the mean over runs; the side-by-side
+    benchmark's table)."""
     runs = per_run(df)
     records = []
     for key, group in runs.groupby(SETTING_KEYS, dropna=False, sort=True):
         record = {**dict(zip(SETTING_KEYS, key)), "runs": len(group)}
+        speedup = speedup_columns(df.loc[df["run"].isin(group["run"]), "speedup_vs_ar"])
+        record.update({name: speedup[name] for name in SPEEDUP_COLUMNS})
         record.update({name: group[column].mean() for name, column in COST_METRICS.items()})
         record.update({name: record[name] * 1e3 for name in MILLISECONDS})
         records.append(record)
-    return order_methods(pd.DataFrame(records, columns=[*SETTING_KEYS, "runs", *COST_METRICS]))
+    return order_methods(pd.DataFrame(records, columns=[*SETTING_KEYS, "runs", *SPEEDUP_COLUMNS, *COST_METRICS]))
 
 
 def order_methods(table: pd.DataFrame, setting: tuple[str, ...] = ("model", "task", "ctx")) -> pd.DataFrame:

@@ -12,7 +12,10 @@ tokens (accepted + 1, the target's own token, fewer only when the output is cut)
 - mean accepted    = sum(emitted) / rounds: tokens per round, the bonus token included (AR = 1.00);
 - decode tokens/s  = sum(emitted) / decode seconds (prefill excluded);
 - speed-up         = a prompt's decode tokens/s over AR's on the same prompt in the same process;
-  a run reports the mean over prompts with a Student-t 95% confidence interval;
+  a run reports the geometric mean over prompts with its Student-t 95% interval on the log scale
+  (`geometric_ci`: exp(mean(log r) +- t s/sqrt(n)), never below 0; a ratio of 2 and one of 1/2
+  average to 1). Every ratio averages this way; plain quantities (tokens/s, tokens per round,
+  seconds) keep arithmetic means (`mean_ci`);
 - C_AR             = AR decode seconds per AR token;
 - C_d              = draft seconds per draft step;
 - C_v(k)           = mean verify seconds of the rounds that verified k drafts;
@@ -22,7 +25,8 @@ tokens (accepted + 1, the target's own token, fewer only when the output is cut)
   prompts like it; `bound_reached` = mean speed-up / mean bound.
 - batched bound    = the same for a batch decoded together (weights read once per step for the
   whole batch, each sequence's KV read for it): the batch's tokens over the seconds its rounds
-  spent drafting and verifying, over batched AR's tokens/s at the same batch size; per batch.
+  spent drafting and verifying, over batched AR's tokens/s at the same batch size; per batch
+  (geometric mean over batches, like the batch speed-up).
 """
 from __future__ import annotations
 
@@ -95,8 +99,12 @@ def tokens_per_s(tokens: float, seconds: float) -> float:
 
 
 def speedup(method_tokens_per_s: float | None, ar_tokens_per_s: float | None) -> float | None:
-    """One prompt's speed-up: the method's decode tokens/s over AR's (same prompt, same process)."""
-    return ratio(method_tokens_per_s, ar_tokens_per_s)
+    """One prompt's speed-up: the method's decode tokens/s over AR's (same prompt, same process);
+    None when either rate is missing or 0 (`tokens_per_s` gives 0 when no decode time was measured,
+    and a speed-up of 0 or infinity has no log to average)."""
+    if not method_tokens_per_s or not ar_tokens_per_s:
+        return None
+    return method_tokens_per_s / ar_tokens_per_s
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,6 +165,25 @@ def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> MeanCI:
     return MeanCI(n, mean, std, mean - half, mean + half)
 
 
+def log_ratios(values: Iterable[float | None]) -> list[float]:
+    """log r of each ratio, None and NaN left out; a ValueError naming the first ratio <= 0 (it has no log)."""
+    values = [float(v) for v in values if v is not None and not math.isnan(v)]
+    bad = next((v for v in values if v <= 0), None)
+    if bad is not None:
+        raise ValueError(f"a ratio must be positive to take its log; got {bad}")
+    return [math.log(v) for v in values]
+
+
+def geometric_ci(ratios: Iterable[float | None], level: float = CI_LEVEL) -> MeanCI:
+    """Geometric mean of positive ratios with its Student-t interval on the log scale:
+    exp(m +- t_{(1+level)/2, n-1} * s / sqrt(n)), m and s the mean and sample SD of log r.
+    `mean` is exp(m), `std` is s (the SD of the logs, not of the ratios), `low`/`high` the
+    interval's bounds (both > 0); one ratio gives itself and no interval, none gives None."""
+    logs = mean_ci(log_ratios(ratios), level)
+    exp = lambda x: None if x is None else math.exp(x)      # noqa: E731
+    return MeanCI(logs.n, exp(logs.mean), logs.std, exp(logs.low), exp(logs.high))
+
+
 # --------------------------------------------------------------------------------------------
 # costs and the cost-model bound
 
@@ -197,11 +224,12 @@ def cost_metrics(rounds: Iterable) -> dict:
 
 def prompt_bound(rounds: Iterable, c_ar_s: float | None) -> float | None:
     """The cost-model bound of one prompt's decode: its tau, draft steps per round, C_d and C_v,
-    against the C_AR of AR on the same prompt; None when no draft step ran or there is no C_AR."""
+    against the C_AR of AR on the same prompt; None when no draft step ran or there is no C_AR (or it
+    is 0: no AR decode time was measured, so a bound of 0 would say nothing)."""
     rounds = list(rounds)
     totals = round_totals(rounds)
     c_d = c_draft(totals)
-    if c_d is None or c_ar_s is None or not totals.rounds:
+    if c_d is None or not c_ar_s or not totals.rounds:
         return None
     return cost_bound(mean_accepted(totals.emitted, totals.rounds), totals.draft_steps / totals.rounds,
                       c_ar_s, c_d, totals.verify_s / totals.rounds)
@@ -211,11 +239,11 @@ def batch_bound(rounds_per_sequence: Iterable[Iterable], ar_batch_tokens_per_s: 
     """The cost-model bound of one batch: sum(emitted) over every sequence, over the draft and verify
     seconds of the batch's rounds, as a ratio to batched AR's tokens/s. A batch's round times are
     shared by the sequences in it and every sequence starts in round 1, so the sequence with the
-    most rounds lists every round of the batch once. None without rounds or an AR rate."""
+    most rounds lists every round of the batch once. None without rounds, tokens or an AR rate."""
     sequences = [list(r) for r in rounds_per_sequence]
     longest = max(sequences, key=len, default=[])
     seconds = sum(float(_field(r, "draft_s")) + float(_field(r, "verify_s")) for r in longest)
     emitted = sum(int(_field(r, "emitted")) for rounds in sequences for r in rounds)
-    if not ar_batch_tokens_per_s or not seconds:
+    if not ar_batch_tokens_per_s or not seconds or not emitted:
         return None
     return emitted / seconds / ar_batch_tokens_per_s

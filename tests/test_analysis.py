@@ -417,6 +417,8 @@ def test_speedup_interval_and_costs_in_the_tables_are_the_runs_summary_json(resu
     assert row["speedup_ci95_low"] < row["speedup"] < row["speedup_ci95_high"]
     costs = measured_costs(frame)
     row = costs[(costs["method"] == "sparsespec") & (costs["ctx"] == 2000)].iloc[0]
+    assert (row["speedup"], row["speedup_ci95_low"], row["speedup_ci95_high"]) == pytest.approx(
+        log_scale_interval(speedups))                                  # from the samples, whatever the summary holds
     assert row["c_draft_ms"] == pytest.approx(metrics["c_draft_s"] * 1e3)
     assert row["c_ar_ms"] == pytest.approx(metrics["c_ar_s"] * 1e3)
     assert (row["bound"], row["bound_reached"]) == pytest.approx((metrics["bound"], metrics["bound_reached"]))

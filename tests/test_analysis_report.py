@@ -1,22 +1,33 @@
-"""sparsespec.harness.report: intervals print as [low, high] and acceptance as – where nothing was drafted."""
+"""sparsespec.harness.report: ratios print as `1.14x [1.02, 1.27]` (a geometric mean and its log-scale
+interval), one prompt without an interval, and acceptance as – where nothing was drafted."""
 from __future__ import annotations
 
 from sparsespec.harness import report
 
 
 def metrics(**extra) -> dict:
-    base = {"n_prompts": 5, "tokens_per_s": 3.0, "speedup_vs_ar": 1.14, "speedup_vs_ar_ci95_low": -0.13,
-            "speedup_vs_ar_ci95_high": 0.41, "mean_accepted": 2.5, "acceptance_rate": 0.375,
+    base = {"n_prompts": 5, "tokens_per_s": 3.0, "speedup_vs_ar": 1.14, "speedup_vs_ar_ci95_low": 1.02,
+            "speedup_vs_ar_ci95_high": 1.27, "mean_accepted": 2.5, "acceptance_rate": 0.375,
             "outputs_match_ar": 1.0, "c_draft_s": 0.01, "c_verify_s": 0.02, "c_verify_s_by_k": {"4": 0.02},
             "bound": 1.5, "bound_reached": 0.8, "prefill_s_mean": 1.0, "c_ar_s": 0.03}
     return {**base, **extra}
 
 
-def test_a_negative_lower_bound_prints_in_brackets_not_as_a_hyphenated_range():
-    line = report.speedup_line(metrics())
-    assert "[-0.13, 0.41]" in line and "-0.13-0.41" not in line
+def test_a_ratio_prints_as_its_geometric_mean_and_bracketed_interval():
+    assert report.speedup_line(metrics()) == "1.14x [1.02, 1.27] (geometric mean over 5 prompts, 95% CI on the log scale)"
     row = report.bench_row("sparsespec", {"run": {"method": "sparsespec"}, "metrics": metrics()})
-    assert row["speed-up (95% CI)"] == "1.14x [-0.13, 0.41]"
+    assert row["speed-up (geo. mean, 95% CI)"] == "1.14x [1.02, 1.27]"
+    batched = metrics(batch_size=2, batch_tokens_per_s=5.0, batch_speedup_vs_ar=1.3, batch_speedup_vs_ar_ci95_low=1.1,
+                      batch_speedup_vs_ar_ci95_high=1.6, sequence_latency_s_mean=2.0)
+    row = report.bench_row("sparsespec", {"run": {"method": "sparsespec"}, "metrics": batched})
+    assert row["batch speed-up vs batched AR (geo. mean, 95% CI)"] == "1.30x [1.10, 1.60]"
+
+
+def test_one_prompt_prints_its_speedup_and_says_there_is_no_interval():
+    one = metrics(n_prompts=1, speedup_vs_ar=1.5, speedup_vs_ar_ci95_low=None, speedup_vs_ar_ci95_high=None)
+    assert report.speedup_line(one) == "1.50x (1 prompt: no interval below 2 prompts)"
+    assert report.bench_row("sparsespec", {"run": {"method": "sparsespec"}, "metrics": one})[
+        "speed-up (geo. mean, 95% CI)"] == "1.50x"
 
 
 def test_acceptance_is_a_dash_for_ar_and_for_a_run_that_drafted_nothing():

@@ -231,7 +231,7 @@ def test_bench_experiment_runs_and_analysis_reads_it(tmp_path):
     cell = next(sweep.glob("0_smollm2_135m_summarization_ctx1000_bench"))
     assert sorted(p.name for p in cell.iterdir() if (p / "summary.json").exists()) == \
         ["ar", "hf_generate", "sparsespec", "sparsespec_fixed-k=4"]
-    assert "speed-up (95% CI)" in done.stdout
+    assert "speed-up (geo. mean, 95% CI)" in done.stdout
     out = tmp_path / "figures"
     assert figures_main([str(sweep), "--out", str(out), "--no-progress"]) == 0
     table = pd.read_csv(out / "method_comparison.csv")

@@ -6,6 +6,7 @@ The end-to-end tests run `python run.py` in a subprocess on the embedded SmolLM2
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -33,7 +34,7 @@ SAMPLE_KEYS = {"prompt_id", "model", "task", "source", "method", "ctx", "context
                "prefill_s", "decode_s", "tokens_per_s", "mean_accepted", "acceptance_rate", "time_split",
                "rounds", "ar_tokens_per_s", "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar",
                "text", "reference", "score", "depth"}
-METRIC_KEYS = {"n_prompts", "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_std",
+METRIC_KEYS = {"n_prompts", "tokens_per_s", "ar_tokens_per_s", "ratio_mean", "speedup_vs_ar", "speedup_vs_ar_log_std",
                "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high", "mean_accepted", "acceptance_rate",
                "prefill_s_mean", "decode_s_mean", "outputs_match_ar", "score_mean", "c_ar_s", "c_draft_s",
                "c_verify_s", "c_verify_s_by_k", "select_s_per_round", "draft_steps_per_round", "bound",
@@ -127,7 +128,9 @@ def test_samples_and_pooled_metrics():
     assert set(m) == METRIC_KEYS
     assert m["tokens_per_s"] == pytest.approx(10 / 3)            # pooled: 10 tokens / 3 s
     assert m["ar_tokens_per_s"] == pytest.approx(10 / 8)
-    assert m["speedup_vs_ar"] == pytest.approx(2.5) and m["speedup_vs_ar_std"] == pytest.approx(0.5 ** 0.5)
+    assert m["ratio_mean"] == "geometric"
+    assert m["speedup_vs_ar"] == pytest.approx(6 ** 0.5)               # geometric mean of 3 and 2, not 2.5
+    assert m["speedup_vs_ar_log_std"] == pytest.approx(abs(math.log(3) - math.log(2)) / 2 ** 0.5)
     assert m["mean_accepted"] == pytest.approx(10 / 3) and m["acceptance_rate"] == pytest.approx(7 / 12)
     assert m["outputs_match_ar"] == 0.5 and m["score_mean"] == 0.5
     ar_self = build_sample(prompt=prompt, gen=ref, ref=ref, names=names, ctx=100, text="", score=None, greedy=True)

@@ -9,7 +9,7 @@ import pytest
 
 from sparsespec import eos, lm_eval_stats, stats
 from sparsespec.generation import Generation, Round
-from sparsespec.harness.results import aggregate, build_sample
+from sparsespec.harness.results import aggregate, batch_metrics, build_sample
 from sparsespec.tables import markdown_table
 
 
@@ -54,6 +54,46 @@ def test_mean_ci_is_student_t_over_prompts():
     assert stats.mean_ci([2.0]) == stats.MeanCI(1, 2.0, None, None, None)
     assert stats.mean_ci([]).mean is None
     assert stats.mean_ci([1.0, float("nan"), 3.0]).n == 2
+
+
+SKEWED = [0.4, 0.5, 0.6, 12.0]          # one large ratio: the arithmetic interval reaches below 0
+
+
+def log_scale_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """exp(mean(log r) -+ t_{0.975, n-1} * sd(log r) / sqrt(n)), computed here with scipy and math."""
+    from scipy.stats import t as scipy_t
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = scipy_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def test_a_skewed_set_of_ratios_gets_a_positive_log_scale_interval():
+    assert stats.mean_ci(SKEWED).low < 0                      # what the arithmetic interval would claim
+    ci = stats.geometric_ci(SKEWED)
+    mean, low, high = log_scale_interval(SKEWED)
+    assert (ci.n, ci.mean, ci.low, ci.high) == (4, pytest.approx(mean), pytest.approx(low), pytest.approx(high))
+    assert 0 < ci.low < ci.mean < ci.high
+    assert ci.std == pytest.approx(stats.mean_ci([math.log(r) for r in SKEWED]).std)   # the SD of the logs
+
+
+def test_geometric_ci_cancels_reciprocal_ratios_and_gives_no_interval_for_one():
+    assert stats.geometric_ci([2.0, 0.5]).mean == pytest.approx(1.0)      # the arithmetic mean would be 1.25
+    assert stats.geometric_ci([1.5]) == stats.MeanCI(1, 1.5, None, None, None)
+    assert stats.geometric_ci([]).mean is None
+    assert stats.geometric_ci([None, 2.0, float("nan"), 8.0]).mean == pytest.approx(4.0)
+
+
+def test_a_ratio_that_is_not_positive_is_named():
+    with pytest.raises(ValueError, match="positive.*got 0.0"):
+        stats.geometric_ci([1.2, 0.0])
+
+
+def test_a_speedup_needs_both_rates_measured():
+    assert stats.speedup(6.0, 3.0) == 2.0
+    assert stats.speedup(0.0, 3.0) is None and stats.speedup(6.0, 0.0) is None and stats.speedup(None, 3.0) is None
 
 
 @pytest.mark.parametrize("dof", [1, 2, 3, 4, 7, 10, 31, 120])
@@ -113,22 +153,55 @@ def sample(prompt_id: str, gen: Generation, ref: Generation) -> dict:
                         text="", score=None, greedy=True)
 
 
-def test_summary_speedup_is_the_mean_over_prompts_with_its_interval():
+def test_summary_speedup_is_the_geometric_mean_over_prompts_with_its_log_scale_interval():
     ar = [gen_of([rnd(0, 0)] * 6, decode_s=s) for s in (6.0, 3.0, 4.0)]
     method = [gen_of([rnd(4, 3), rnd(4, 1)], decode_s=s) for s in (2.0, 2.0, 1.0)]
     samples = [sample(f"p{i}", g, a) for i, (g, a) in enumerate(zip(method, ar))]
     per_prompt = [3.0, 1.5, 4.0]
     assert [s["speedup_vs_ar"] for s in samples] == pytest.approx(per_prompt)
     m = aggregate(samples)
-    ci = stats.mean_ci(per_prompt)
-    assert m["speedup_vs_ar"] == pytest.approx(ci.mean)                      # not pooled tok/s over pooled tok/s
-    assert m["speedup_vs_ar"] != pytest.approx(m["tokens_per_s"] / m["ar_tokens_per_s"])
-    assert (m["speedup_vs_ar_ci95_low"], m["speedup_vs_ar_ci95_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    mean, low, high = log_scale_interval(per_prompt)
+    assert m["speedup_vs_ar"] == pytest.approx(mean)                          # (3 * 1.5 * 4) ** (1/3), not 2.83
+    assert m["speedup_vs_ar"] != pytest.approx(sum(per_prompt) / 3)
+    assert m["speedup_vs_ar"] != pytest.approx(m["tokens_per_s"] / m["ar_tokens_per_s"])   # not pooled over pooled
+    assert (m["speedup_vs_ar_ci95_low"], m["speedup_vs_ar_ci95_high"]) == (pytest.approx(low), pytest.approx(high))
     assert m["acceptance_rate"] == pytest.approx(12 / 24) and m["mean_accepted"] == pytest.approx(3.0)
     assert m["c_ar_s"] == pytest.approx(13 / 18)                               # AR seconds per AR token
     bounds = [stats.prompt_bound(g.rounds, a.decode_s / 6) for g, a in zip(method, ar)]
-    assert m["bound"] == pytest.approx(sum(bounds) / 3)                        # per prompt, then the mean
+    assert m["bound"] == pytest.approx(math.prod(bounds) ** (1 / 3))           # per prompt, then the geometric mean
     assert m["bound_reached"] == pytest.approx(m["speedup_vs_ar"] / m["bound"])
+
+
+def test_summary_of_skewed_speedups_keeps_its_interval_above_zero():
+    """Prompts whose speed-ups are SKEWED: the summary's interval is the log-scale one, not mean +- t s/sqrt(n)."""
+    ar = [gen_of([rnd(0, 0)] * 6, decode_s=6.0) for _ in SKEWED]
+    method = [gen_of([rnd(5, 5)], decode_s=6.0 / r) for r in SKEWED]          # 6 tokens: speed-up r
+    m = aggregate([sample(f"p{i}", g, a) for i, (g, a) in enumerate(zip(method, ar))])
+    mean, low, high = log_scale_interval(SKEWED)
+    assert (m["speedup_vs_ar"], m["speedup_vs_ar_ci95_low"], m["speedup_vs_ar_ci95_high"]) == pytest.approx(
+        (mean, low, high))
+    assert m["speedup_vs_ar_ci95_low"] > 0
+
+
+def test_summary_of_one_prompt_has_its_speedup_and_no_interval():
+    m = aggregate([sample("p0", gen_of([rnd(4, 3)], decode_s=1.0), gen_of([rnd(0, 0)] * 4, decode_s=2.0))])
+    assert m["speedup_vs_ar"] == pytest.approx(2.0)
+    assert m["speedup_vs_ar_ci95_low"] is None and m["speedup_vs_ar_ci95_high"] is None
+    assert m["speedup_vs_ar_log_std"] is None
+
+
+def test_batch_speedup_and_bound_are_geometric_means_over_batches():
+    def row(batch: int, row: int, speedup: float, bound: float) -> dict:
+        return {"batch_size": 2, "batch_row": row, "batch_speedup_vs_ar": speedup, "batch_bound": bound,
+                "ar_batch_tokens_per_s": 10.0, "batch_tokens_per_s": 10.0 * speedup, "batch_decode_s": 1.0,
+                "decode_s": 1.0, "prompt_id": f"{batch}/{row}"}
+    batches = list(zip(SKEWED, (2.0, 3.0, 4.0, 24.0)))
+    m = batch_metrics([row(b, r, speedup, bound) for b, (speedup, bound) in enumerate(batches) for r in (0, 1)])
+    mean, low, high = log_scale_interval(SKEWED)                    # one ratio a batch: row 1 repeats row 0's
+    assert (m["batch_speedup_vs_ar"], m["batch_speedup_vs_ar_ci95_low"], m["batch_speedup_vs_ar_ci95_high"]) == \
+        pytest.approx((mean, low, high))
+    assert m["batch_bound"] == pytest.approx((2 * 3 * 4 * 24) ** 0.25)
+    assert m["batch_bound_reached"] == pytest.approx(mean / m["batch_bound"])
 
 
 def test_lm_eval_aggregates_are_pooled_like_the_harness():

@@ -39,7 +39,7 @@ def batch_fields(gens, ref, row: int) -> dict:
     ar = ref.tokens_per_s if ref is not None else None
     return {"batch_size": gens.batch_size, "batch_row": row, "batch_decode_s": gens.decode_s,
             "batch_tokens_per_s": gens.tokens_per_s, "ar_batch_tokens_per_s": ar,
-            "batch_speedup_vs_ar": gens.tokens_per_s / ar if ar else None,
+            "batch_speedup_vs_ar": stats.speedup(gens.tokens_per_s, ar),
             "batch_bound": None if gens is ref else stats.batch_bound([g.rounds for g in gens], ar)}
 
 

@@ -14,17 +14,28 @@ def _mean_of(samples: list[dict], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def interval(low: float | None, high: float | None) -> str:
+def interval(low: float, high: float) -> str:
     """`[1.30, 1.46]`: brackets and a comma, so a bound never reads as a range with a minus sign."""
     return f"[{low:.2f}, {high:.2f}]"
 
 
+def ratio_text(metrics: dict, key: str) -> str:
+    """`1.52x [1.20, 1.93]`: the ratio `key` (a geometric mean) and its 95% interval (`key`_ci95_low
+    and _high); `1.52x` without an interval (one prompt or batch); `–` without a value."""
+    value, low, high = (metrics.get(k) for k in (key, f"{key}_ci95_low", f"{key}_ci95_high"))
+    if value is None:
+        return NOTHING
+    return f"{value:.2f}x" + (f" {interval(low, high)}" if low is not None and high is not None else "")
+
+
 def speedup_line(metrics: dict) -> str:
-    """`1.38x (95% CI [1.30, 1.46] over 5 prompts)`: the mean per-prompt speed-up and its interval."""
-    mean, low, high = (metrics.get(k) for k in ("speedup_vs_ar", "speedup_vs_ar_ci95_low", "speedup_vs_ar_ci95_high"))
-    ci = (f"95% CI {interval(low, high)} over {metrics['n_prompts']} prompts" if low is not None
-          else f"{metrics['n_prompts']} prompt: no interval below 2 prompts")
-    return f"{format_cell(mean, '.2f')}x ({ci})"
+    """`1.52x [1.20, 1.93] (geometric mean over 5 prompts, 95% CI on the log scale)`; one prompt gives
+    its speed-up and says that there is no interval."""
+    n = metrics["n_prompts"]
+    interval_known = metrics.get("speedup_vs_ar_ci95_low") is not None
+    how = (f"geometric mean over {n} prompts, 95% CI on the log scale" if interval_known
+           else f"{n} prompt{'s' * (n != 1)}: no interval below 2 prompts")
+    return f"{ratio_text(metrics, 'speedup_vs_ar')} ({how})"
 
 
 def drafted_anything(metrics: dict) -> bool:
@@ -91,7 +102,7 @@ def threads_line(choice: dict | None) -> str | None:
     return f"threads: {choice['threads']} (measured {choice['measured']}: {costs})"
 
 
-BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-up (95% CI)",
+BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-up (geo. mean, 95% CI)",
                  "mean_accepted": "tokens/round", "acceptance_rate": "acceptance", "outputs_match_ar": "match AR",
                  "c_draft_ms": "C_d ms", "c_verify_ms": "C_v ms", "bound": "bound", "bound_reached": "reached",
                  "prefill_s_mean": "prefill s", "threads": "threads"}
@@ -99,10 +110,8 @@ BENCH_COLUMNS = {"method": "method", "tokens_per_s": "tok/s", "speedup": "speed-
 
 def bench_row(entry: str, summary: dict) -> dict:
     m = summary["metrics"]
-    ci = (f" {interval(m['speedup_vs_ar_ci95_low'], m['speedup_vs_ar_ci95_high'])}"
-          if m.get("speedup_vs_ar_ci95_low") is not None else "")
     row = {"method": entry, "tokens_per_s": format_cell(m["tokens_per_s"], ".2f"),
-           "speedup": f"{format_cell(m['speedup_vs_ar'], '.2f')}x{ci}",
+           "speedup": ratio_text(m, "speedup_vs_ar"),
            "mean_accepted": format_cell(m["mean_accepted"], ".2f"),
            "acceptance_rate": acceptance_cell((summary.get("run") or {}).get("method", entry), m),
            "outputs_match_ar": format_cell(m["outputs_match_ar"], ".0%"),
@@ -113,12 +122,13 @@ def bench_row(entry: str, summary: dict) -> dict:
            "threads": format_cell((summary["run"].get("threads") or {}).get("threads"), "d")}
     if m.get("batch_size"):       # a batched run: throughput over the batch against batched AR
         row.update(batch_tokens_per_s=format_cell(m["batch_tokens_per_s"], ".2f"),
-                   batch_speedup=f"{format_cell(m['batch_speedup_vs_ar'], '.2f')}x",
+                   batch_speedup=ratio_text(m, "batch_speedup_vs_ar"),
                    latency_s=format_cell(m["sequence_latency_s_mean"], ".2f"))
     return {{**BENCH_COLUMNS, **BATCH_COLUMNS}[k]: v for k, v in row.items()}
 
 
-BATCH_COLUMNS = {"batch_tokens_per_s": "batch tok/s", "batch_speedup": "batch speed-up vs batched AR",
+BATCH_COLUMNS = {"batch_tokens_per_s": "batch tok/s",
+                 "batch_speedup": "batch speed-up vs batched AR (geo. mean, 95% CI)",
                  "latency_s": "latency s (per sequence)"}
 
 

@@ -18,6 +18,7 @@ from sparsespec.errors import ConfigError
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
 RESUME = "resume.json"   # the settings that fix every sample; a resume must match them
+RATIO_MEAN = "geometric"  # summary.json's mark that its ratios are log-scale means (older summaries lack it)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,24 +112,26 @@ def ar_decode_tokens(sample: dict) -> float:
 def aggregate(samples: list[dict]) -> dict:
     """The summary metrics of docs/CONTRACTS.md, every one from `sparsespec.stats`: throughputs
     and the costs are pooled over prompts (sum of tokens over sum of seconds); the speed-up is the
-    mean of the per-prompt speed-ups with its 95% confidence interval, and the cost-model bound the
-    mean of the per-prompt bounds. Nulls are left out."""
+    geometric mean of the per-prompt speed-ups with its 95% interval on the log scale, and the
+    cost-model bound the geometric mean of the per-prompt bounds (`stats.geometric_ci`: ratios
+    average on the log scale). Nulls are left out."""
     totals = stats.round_totals(r for s in samples for r in s["rounds"])
     decode_s = sum(s["decode_s"] for s in samples)
     with_ar = [s for s in samples if s["ar_tokens_per_s"] is not None and s["ar_decode_s"] is not None]
     ar_tokens = sum(ar_decode_tokens(s) for s in with_ar)
     ar_s = sum(s["ar_decode_s"] for s in with_ar)
-    speedup = stats.mean_ci([s["speedup_vs_ar"] for s in samples if s["speedup_vs_ar"] is not None])
-    bound = stats.mean_ci([stats.prompt_bound(s["rounds"], stats.c_ar(s["ar_decode_s"], ar_decode_tokens(s)))
-                           for s in with_ar]).mean
+    speedup = stats.geometric_ci(s["speedup_vs_ar"] for s in samples)
+    bound = stats.geometric_ci(stats.prompt_bound(s["rounds"], stats.c_ar(s["ar_decode_s"], ar_decode_tokens(s)))
+                               for s in with_ar).mean
     matches = [s["outputs_match_ar"] for s in samples if s["outputs_match_ar"] is not None]
     scores = [s["score"] for s in samples if s["score"] is not None and not math.isnan(s["score"])]
     return {
         "n_prompts": len(samples),
         "tokens_per_s": stats.tokens_per_s(totals.emitted, decode_s),
         "ar_tokens_per_s": stats.tokens_per_s(ar_tokens, ar_s) if with_ar else None,
+        "ratio_mean": RATIO_MEAN,
         "speedup_vs_ar": speedup.mean,
-        "speedup_vs_ar_std": speedup.std,
+        "speedup_vs_ar_log_std": speedup.std,
         "speedup_vs_ar_ci95_low": speedup.low,
         "speedup_vs_ar_ci95_high": speedup.high,
         "mean_accepted": stats.mean_accepted(totals.emitted, totals.rounds),
@@ -148,17 +151,18 @@ def batch_metrics(samples: list[dict]) -> dict:
     """A batched run's own metrics (nothing for batch size 1), from the one sample per batch that
     carries the batch (its row 0): the throughput, all batches' tokens over all their decode seconds
     (a short last batch weighs by its time, not as a full batch); batched AR's at the same batch size
-    (mean over batches); the batch speed-up, the mean over batches of each batch's ratio to batched AR
-    on the same prompts, with its 95% interval; the per-sequence latency (decode seconds until
-    each sequence finished, mean over prompts; prefill excluded, reported as prefill_s); and the
-    batched cost-model bound (mean over batches) with the share of it reached."""
+    (mean over batches); the batch speed-up, the geometric mean over batches of each batch's ratio
+    to batched AR on the same prompts, with its 95% interval on the log scale; the per-sequence
+    latency (decode seconds until each sequence finished, mean over prompts; prefill excluded,
+    reported as prefill_s); and the batched cost-model bound (geometric mean over batches) with the
+    share of it reached."""
     batched = [s for s in samples if s.get("batch_size")]
     if not batched:
         return {}
     firsts = [s for s in batched if s["batch_row"] == 0]
-    speedup = stats.mean_ci([s["batch_speedup_vs_ar"] for s in firsts if s["batch_speedup_vs_ar"] is not None])
+    speedup = stats.geometric_ci(s["batch_speedup_vs_ar"] for s in firsts)
     ar = [s["ar_batch_tokens_per_s"] for s in firsts if s["ar_batch_tokens_per_s"] is not None]
-    bounds = [s["batch_bound"] for s in firsts if s.get("batch_bound") is not None]   # older runs: none
+    bound = stats.geometric_ci(s.get("batch_bound") for s in firsts).mean      # older runs: none
     return {"batch_size": batched[0]["batch_size"], "n_batches": len(firsts),
             "batch_tokens_per_s": stats.ratio(sum(s["batch_tokens_per_s"] * s["batch_decode_s"] for s in firsts),
                                               sum(s["batch_decode_s"] for s in firsts)),
@@ -167,7 +171,7 @@ def batch_metrics(samples: list[dict]) -> dict:
             "batch_speedup_vs_ar": speedup.mean, "batch_speedup_vs_ar_ci95_low": speedup.low,
             "batch_speedup_vs_ar_ci95_high": speedup.high,
             "sequence_latency_s_mean": _mean([s["decode_s"] for s in batched]),
-            "batch_bound": _mean(bounds), "batch_bound_reached": stats.ratio(speedup.mean, _mean(bounds))}
+            "batch_bound": bound, "batch_bound_reached": stats.ratio(speedup.mean, bound)}
 
 
 # --------------------------------------------------------------------------------------------
