@@ -2,11 +2,15 @@
 
 The end-to-end tests run `python run.py` in a subprocess on the embedded SmolLM2 at 1K context
 (converted once and cached; the first conversion adds ~25 s). About 3-4 minutes on 2 CPU cores.
+Most bad-input cases run run.py in this process (`cli_here`): the same code from the command line
+to the one-line error, without an interpreter and torch start-up each.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import runpy
 import shlex
 import signal
 import socket
@@ -22,6 +26,7 @@ import torch
 from test_config import hydra_conf, make  # noqa: F401 (hydra_conf is a fixture)
 
 from sparsespec.errors import ConfigError
+from sparsespec.harness import folder_lock
 from sparsespec.harness.callbacks import sweep_lines
 from sparsespec.harness.checks import make_output_folder
 from sparsespec.harness.folder_lock import LOCK_FILE, hold_folder
@@ -50,6 +55,47 @@ def cli_env(**extra: str) -> dict:
 def cli(cwd: Path, *overrides: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "run.py"), *overrides], cwd=cwd, capture_output=True,
                           text=True, env=cli_env(**env), timeout=timeout)
+
+
+@pytest.fixture
+def cli_here(monkeypatch, capfd):
+    """`cli` without a new interpreter: `cli_here(cwd, *overrides)` executes run.py as `__main__` in this
+    process (the same lines: the ctx rewrite, the option check, Hydra and its callbacks, the runner and
+    `exit_with_error`) and returns what `cli` would: the exit status (from SystemExit, 0 if none) and
+    stdout/stderr read at the file descriptors. What such a run leaves in the process (root logging
+    handlers, folders claimed by a run stopped before its end) is undone after it."""
+    def run(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+        for key, value in cli_env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+        monkeypatch.chdir(cwd)
+        command = [str(REPO / "run.py"), *overrides]
+        monkeypatch.setattr(sys, "argv", command[:])
+        monkeypatch.setattr(folder_lock, "_CLAIMED", {})
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        capfd.readouterr()                       # drop what earlier steps of the test printed
+        try:
+            runpy.run_path(str(REPO / "run.py"), run_name="__main__")
+            status = 0
+        except SystemExit as stop:
+            status = exit_status(stop)
+        finally:
+            for handler in set(root.handlers) - set(handlers):
+                handler.close()
+            root.handlers[:], root.level = handlers, level
+            for lock in folder_lock._CLAIMED.values():
+                lock.release()
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(command, status, out, err)
+    return run
+
+
+def exit_status(stop: SystemExit) -> int:
+    """The status a process ending on `stop` exits with: sys.exit() is 0, sys.exit(n) is n, sys.exit("...") is 1."""
+    if stop.code is None:
+        return 0
+    return stop.code if isinstance(stop.code, int) else 1
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> str:
@@ -573,9 +619,19 @@ def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
 
 @pytest.mark.slow   # starts a subprocess
 @pytest.mark.parametrize("overrides, expected", [
-    (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["model=llama3_8b", "ctx=1k"], "hf download meta-llama/Meta-Llama-3-8B-Instruct"),
     (["task.source=longbench"], "hf download Xnhyacinth/LongBench"),
+], ids=["model-offline", "dataset-offline"])
+def test_unavailable_input_gives_one_line_error_on_the_command_line(tmp_path, overrides, expected):
+    """A fresh `python run.py` (exit status, stderr, no traceback as the shell sees them); a fresh
+    process also because huggingface_hub reads HF_HUB_OFFLINE when it is imported."""
+    result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(result, expected)
+
+
+@pytest.mark.slow   # runs all of run.py (Hydra, the runner), as the full suite's bad-input cases do
+@pytest.mark.parametrize("overrides, expected", [
+    (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["method.options.sink=0", "method.options.recent=0", "method.options.topk=0"], "leaves the draft no position"),
     (["task.source=arxiv"], "task.source='arxiv' is unknown"),
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
@@ -584,11 +640,11 @@ def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
     (["-m", "method=ar,sparsespec", "method.options.budget=0.05"],
      "method=ar has no option 'budget' (it takes no options); to set it only where it exists, compare the "
      "methods in one run: 'bench.methods=[\"sparsespec:budget=0.05\"]'"),
-], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-no-position",
+], ids=["ctx-too-long", "budget-no-position",
         "unknown-source", "unknown-option", "ar-controller-option", "unknown-retrieval-variant",
         "sweep-option-one-method-lacks"])
-def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
-    result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+def test_bad_input_gives_one_line_error(tmp_path, cli_here, overrides, expected):
+    result = cli_here(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(result, expected)
 
 
@@ -627,12 +683,12 @@ def make_bad_inputs(tmp: Path) -> None:
 ], ids=["temperature-nan", "temperature-inf", "temperature-abc", "top_p-nan", "seed-abc", "cuda-absent",
         "run-dir-in-proc", "run-dir-is-file", "run-dir-under-file", "model-folder-empty", "model-type-unknown",
         "task-path-missing", "task-jsonl-malformed", "resume-json-corrupt"])
-def test_unreliable_input_gives_one_line_error(tmp_path, overrides, expected):
+def test_unreliable_input_gives_one_line_error(tmp_path, cli_here, overrides, expected):
     make_bad_inputs(tmp_path)
     overrides = [o.format(tmp=tmp_path) for o in overrides]
     if not any(o.startswith("hydra.run.dir=") for o in overrides):
         overrides.append(f"hydra.run.dir={tmp_path / 'run'}")
-    assert_one_line_error(cli(tmp_path, *QUICK, "num_prompts=1", *overrides), expected.format(tmp=tmp_path))
+    assert_one_line_error(cli_here(tmp_path, *QUICK, "num_prompts=1", *overrides), expected.format(tmp=tmp_path))
 
 
 @pytest.mark.slow
