@@ -23,6 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.singleton import Singleton
 from test_config import hydra_conf, make  # noqa: F401 (hydra_conf is a fixture)
 
 from sparsespec.errors import ConfigError
@@ -62,8 +64,9 @@ def cli_here(monkeypatch, capfd):
     """`cli` without a new interpreter: `cli_here(cwd, *overrides)` executes run.py as `__main__` in this
     process (the same lines: the ctx rewrite, the option check, Hydra and its callbacks, the runner and
     `exit_with_error`) and returns what `cli` would: the exit status (from SystemExit, 0 if none) and
-    stdout/stderr read at the file descriptors. What such a run leaves in the process (root logging
-    handlers, folders claimed by a run stopped before its end) is undone after it."""
+    stdout/stderr read at the file descriptors. run.py starts on a fresh Hydra, as in a new process (a
+    test may hold one open: `hydra_conf`); what the run leaves in the process (Hydra's singletons, root
+    logging handlers, folders claimed by a run stopped before its end) is undone after it."""
     def run(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
         for key, value in cli_env().items():
             monkeypatch.setenv(key, value)
@@ -74,6 +77,8 @@ def cli_here(monkeypatch, capfd):
         monkeypatch.setattr(folder_lock, "_CLAIMED", {})
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
+        hydra_state = Singleton.get_state()
+        GlobalHydra.instance().clear()
         capfd.readouterr()                       # drop what earlier steps of the test printed
         try:
             runpy.run_path(str(REPO / "run.py"), run_name="__main__")
@@ -86,6 +91,7 @@ def cli_here(monkeypatch, capfd):
             root.handlers[:], root.level = handlers, level
             for lock in folder_lock._CLAIMED.values():
                 lock.release()
+            Singleton.set_state(hydra_state)
         out, err = capfd.readouterr()
         return subprocess.CompletedProcess(command, status, out, err)
     return run
