@@ -336,8 +336,8 @@ def test_the_output_folder_is_claimed_before_hydra_writes_into_it(tmp_path):
         pass
 
 
-@pytest.mark.slow   # starts a subprocess
-def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp_path):
+@pytest.mark.slow   # starts a subprocess (the holder)
+def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp_path, cli_here):
     code = ("import sys, time\n"
             "from sparsespec.harness.folder_lock import hold_folder\n"
             "with hold_folder(sys.argv[1]):\n"
@@ -350,7 +350,7 @@ def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp
     try:
         assert holder.stdout.readline().strip() == "held"
         before = folder_contents(tmp_path)
-        result = cli(tmp_path.parent, *QUICK, "method=sparsespec", f"hydra.run.dir={tmp_path}", timeout=120)
+        result = cli_here(tmp_path.parent, *QUICK, "method=sparsespec", f"hydra.run.dir={tmp_path}")
         assert_one_line_error(result, f"is in use by another run (pid {holder.pid} on")
         assert folder_contents(tmp_path) == before
     finally:
@@ -603,19 +603,18 @@ def test_multirun_two_methods_by_two_contexts_through_submitit(tmp_path):
     assert all(j.name in result.stdout for j in jobs)              # the sweep report
 
 
-@pytest.mark.slow   # starts a subprocess
-def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
+@pytest.mark.slow   # runs all of run.py (Hydra's sweep, the runner), as the full suite's bad-input cases do
+def test_sweep_job_errors_are_listed_and_exit_2(tmp_path, cli_here):
     sweep = tmp_path / "sweep"
-    result = cli(tmp_path, "-m", "ctx=60k,64k", "logger=none", f"hydra.sweep.dir={sweep}")
+    result = cli_here(tmp_path, "-m", "ctx=60k,64k", "logger=none", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 2, result.stderr[-3000:]
     assert "2 job(s) stopped on an error" in result.stderr and "Traceback" not in result.stderr
     assert len(list(sweep.glob("*/error.txt"))) == 2
 
 
-@pytest.mark.slow   # starts a subprocess
-def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "run.py"), "--help"], cwd=tmp_path, capture_output=True,
-                            text=True, env=cli_env(), timeout=120)
+@pytest.mark.slow   # runs run.py's command line, as the full suite's bad-input cases do
+def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path, cli_here):
+    result = cli_here(tmp_path, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert not [line for line in lines if line.startswith("method_options")]
