@@ -164,12 +164,16 @@ def test_cli_unknown_task_says_how_to_list_them(capsys):
 
 
 @pytest.mark.real_model
-def test_cli_writes_speculation_file_next_to_results(tmp_path):
-    done = run_cli("--model", "sparsespec", "--model_args", f"{SPARSESPEC_ARGS},budget=0.2",
-                   "--include_path", str(TASKS_DIR), "--tasks", GEN_TASK, "--limit", "1",
-                   "--output_path", str(tmp_path))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "sparsespec speculation statistics" in done.stdout and GEN_TASK in done.stdout
+def test_cli_writes_speculation_file_next_to_results(tmp_path, capfd):
+    """The entry point in-process (test_cli_unknown_method_exits_2_with_one_line covers `python -m`)."""
+    from sparsespec import eval as entry
+
+    returncode = entry.main(["--model", "sparsespec", "--model_args", f"{SPARSESPEC_ARGS},budget=0.2",
+                             "--device", "cpu", "--include_path", str(TASKS_DIR), "--tasks", GEN_TASK,
+                             "--limit", "1", "--output_path", str(tmp_path)])
+    out, err = capfd.readouterr()
+    assert returncode == 0, err[-3000:]
+    assert "sparsespec speculation statistics" in out and GEN_TASK in out
     [results] = tmp_path.glob("*/results_*.json")
     [speculation] = results.parent.glob("speculation_*.json")
     assert speculation.name == results.name.replace("results_", "speculation_")
