@@ -490,13 +490,13 @@ def test_run_writes_results_and_wandb_offline(tmp_path):
 
 
 @pytest.mark.real_model
-def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_path):
+def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_path, cli_here):
     """summary.json names the controller and k of a fixed-k run (k left at its default), and a
     context past the model's trained length (but within max_context) runs with one warning line,
     recorded in summary.json."""
     out = tmp_path / "run"
-    result = cli(tmp_path, *QUICK, "num_prompts=1", "method=sparsespec_fixed", "model.trained_context=512",
-                 f"hydra.run.dir={out}")
+    result = cli_here(tmp_path, *QUICK, "num_prompts=1", "method=sparsespec_fixed", "model.trained_context=512",
+                      f"hydra.run.dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == ["warning: ctx=1000 + max_new_tokens=8 is past smollm2_135m's trained length 512; "
@@ -698,12 +698,12 @@ def test_unreliable_input_gives_one_line_error(tmp_path, cli_here, overrides, ex
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_a_run_stopped_by_bad_input_does_not_tie_its_folder(tmp_path):
+def test_a_run_stopped_by_bad_input_does_not_tie_its_folder(tmp_path, cli_here):
     """The issue's repro: a budget refused only once the run has started, then a good one."""
     out = tmp_path / "run"
-    assert_one_line_error(cli(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=-0.1", f"hydra.run.dir={out}"),
-                          "budget=-0.1")
-    good = cli(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=0.1", f"hydra.run.dir={out}")
+    assert_one_line_error(cli_here(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=-0.1",
+                                   f"hydra.run.dir={out}"), "budget=-0.1")
+    good = cli_here(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=0.1", f"hydra.run.dir={out}")
     assert good.returncode == 0, good.stderr[-3000:]
     assert len(read_samples(out)) == 1
     assert json.loads((out / RESUME).read_text())["options"]["budget"] == 0.1
