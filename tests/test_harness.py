@@ -2,15 +2,13 @@
 
 The end-to-end tests run `python run.py` in a subprocess on the embedded SmolLM2 at 1K context
 (converted once and cached; the first conversion adds ~25 s). About 3-4 minutes on 2 CPU cores.
-Most bad-input cases run run.py in this process (`cli_here`): the same code from the command line
+Most bad-input cases run run.py in this process (conftest's `cli_here`): the same code from the command line
 to the one-line error, without an interpreter and torch start-up each.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
-import runpy
 import shlex
 import signal
 import socket
@@ -23,12 +21,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.singleton import Singleton
+from conftest import cli_env
 from test_config import hydra_conf, make  # noqa: F401 (hydra_conf is a fixture)
 
 from sparsespec.errors import ConfigError
-from sparsespec.harness import folder_lock
 from sparsespec.harness.callbacks import sweep_lines
 from sparsespec.harness.checks import make_output_folder
 from sparsespec.harness.folder_lock import LOCK_FILE, hold_folder
@@ -49,59 +45,9 @@ SMOKE = ["experiment=smoke"]                       # ctx 1000, 2 prompts, 16 new
 QUICK = ["experiment=smoke", "logger=none", "compare_ar=false", "max_new_tokens=8", "warmup=false", "cost_profile=false"]
 
 
-def cli_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "WANDB_MODE")}
-    return {**env, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **extra}
-
-
 def cli(cwd: Path, *overrides: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "run.py"), *overrides], cwd=cwd, capture_output=True,
                           text=True, env=cli_env(**env), timeout=timeout)
-
-
-@pytest.fixture
-def cli_here(monkeypatch, capfd):
-    """`cli` without a new interpreter: `cli_here(cwd, *overrides)` executes run.py as `__main__` in this
-    process (the same lines: the ctx rewrite, the option check, Hydra and its callbacks, the runner and
-    `exit_with_error`) and returns what `cli` would: the exit status (from SystemExit, 0 if none) and
-    stdout/stderr read at the file descriptors. run.py starts on a fresh Hydra, as in a new process (a
-    test may hold one open: `hydra_conf`); what the run leaves in the process (Hydra's singletons, root
-    logging handlers, folders claimed by a run stopped before its end) is undone after it."""
-    def run(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
-        for key, value in cli_env().items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-        monkeypatch.chdir(cwd)
-        command = [str(REPO / "run.py"), *overrides]
-        monkeypatch.setattr(sys, "argv", command[:])
-        monkeypatch.setattr(folder_lock, "_CLAIMED", {})
-        root = logging.getLogger()
-        handlers, level = root.handlers[:], root.level
-        hydra_state = Singleton.get_state()
-        GlobalHydra.instance().clear()
-        capfd.readouterr()                       # drop what earlier steps of the test printed
-        try:
-            runpy.run_path(str(REPO / "run.py"), run_name="__main__")
-            status = 0
-        except SystemExit as stop:
-            status = exit_status(stop)
-        finally:
-            for handler in set(root.handlers) - set(handlers):
-                handler.close()
-            root.handlers[:], root.level = handlers, level
-            for lock in folder_lock._CLAIMED.values():
-                lock.release()
-            Singleton.set_state(hydra_state)
-        out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(command, status, out, err)
-    return run
-
-
-def exit_status(stop: SystemExit) -> int:
-    """The status a process ending on `stop` exits with: sys.exit() is 0, sys.exit(n) is n, sys.exit("...") is 1."""
-    if stop.code is None:
-        return 0
-    return stop.code if isinstance(stop.code, int) else 1
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> str:
