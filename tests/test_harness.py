@@ -672,22 +672,17 @@ def test_two_runs_into_one_folder_one_stops_at_once(tmp_path):
     assert len(samples) == 2 and len({s["prompt_id"] for s in samples}) == 2
 
 
-@pytest.mark.slow
-def test_a_sweep_job_that_crashes_is_recorded_and_listed(tmp_path):
+@pytest.mark.slow   # runs all of run.py (Hydra's sweep, the runner), as the full suite's bad-input cases do
+def test_a_sweep_job_that_crashes_is_recorded_and_listed(tmp_path, cli_here, monkeypatch):
     """A bug in a job (here: loading raises RuntimeError) leaves error.txt, one line then the traceback;
     the other jobs run, the sweep report lists it by its first line and exits 2."""
-    code = ("import runpy, sys\n"
-            "from sparsespec.harness import runner\n"
-            "def crash(config):\n"
-            "    raise RuntimeError(f'boom at seed {config.seed}')\n"
-            "runner.load_inputs = crash\n"
-            "sys.argv[0] = sys.argv[1]\n"
-            "del sys.argv[1]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    import sparsespec.harness.runner as runner
+
+    def crash(config):
+        raise RuntimeError(f"boom at seed {config.seed}")
+    monkeypatch.setattr(runner, "load_inputs", crash)
     sweep = tmp_path / "sweep"
-    result = subprocess.run([sys.executable, "-c", code, str(REPO / "run.py"), "-m", "seed=0,1", *QUICK,
-                             f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=cli_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = cli_here(tmp_path, "-m", "seed=0,1", *QUICK, f"hydra.sweep.dir={sweep}")
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "2 job(s) stopped on an error" in result.stderr
