@@ -155,37 +155,34 @@ def cli_env(**extra: str) -> dict:
     return {**env, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **extra}
 
 
-@pytest.fixture
-def cli_here(monkeypatch, capfd):
-    """`python run.py *overrides` in `cwd` without a new interpreter: `cli_here(cwd, *overrides)` executes
-    run.py as `__main__` in this process (the same lines: the ctx rewrite, the option check, Hydra and its
-    callbacks, the runner and `exit_with_error`) and returns what `subprocess.run` would: the exit status
-    (from SystemExit, 0 if none) and stdout/stderr read at the file descriptors. run.py starts on a fresh Hydra, as in a new process (a
-    test may hold one open: `hydra_conf`); what the run leaves in the process (Hydra's singletons, root
-    logging handlers, folders claimed by a run stopped before its end) is undone after it."""
+def run_py_here(cwd: Path, *overrides: str) -> int:
+    """`python run.py *overrides` in `cwd` without a new interpreter: run.py executed as `__main__` in this
+    process (the same lines: the ctx rewrite, the option check, Hydra and its callbacks, the runner and
+    `exit_with_error`); its exit status (from SystemExit, 0 if none). It starts on a fresh Hydra, as in
+    a new process (a test may hold one open: `hydra_conf`), in `cli_env()`'s environment; what the run
+    leaves in the process (environment, working folder, argv, Hydra's singletons, root logging handlers,
+    folders claimed by a run stopped before its end) is undone after it."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.singleton import Singleton
 
     from sparsespec.harness import folder_lock
 
-    def run(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    with pytest.MonkeyPatch.context() as patch:
         for key, value in cli_env().items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-        monkeypatch.chdir(cwd)
-        command = [str(REPO / "run.py"), *overrides]
-        monkeypatch.setattr(sys, "argv", command[:])
-        monkeypatch.setattr(folder_lock, "_CLAIMED", {})
+            patch.setenv(key, value)
+        patch.delenv("HYDRA_FULL_ERROR", raising=False)
+        patch.chdir(cwd)
+        patch.setattr(sys, "argv", [str(REPO / "run.py"), *overrides])
+        patch.setattr(folder_lock, "_CLAIMED", {})
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         hydra_state = Singleton.get_state()
         GlobalHydra.instance().clear()
-        capfd.readouterr()                       # drop what earlier steps of the test printed
         try:
             runpy.run_path(str(REPO / "run.py"), run_name="__main__")
-            status = 0
+            return 0
         except SystemExit as stop:
-            status = exit_status(stop)
+            return exit_status(stop)
         finally:
             for handler in set(root.handlers) - set(handlers):
                 handler.close()
@@ -193,8 +190,17 @@ def cli_here(monkeypatch, capfd):
             for lock in folder_lock._CLAIMED.values():
                 lock.release()
             Singleton.set_state(hydra_state)
+
+
+@pytest.fixture
+def cli_here(capfd):
+    """`run_py_here` returning what `subprocess.run` would: `cli_here(cwd, *overrides)` is a
+    CompletedProcess of the exit status and the stdout/stderr read at the file descriptors."""
+    def run(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+        capfd.readouterr()                       # drop what earlier steps of the test printed
+        status = run_py_here(cwd, *overrides)
         out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(command, status, out, err)
+        return subprocess.CompletedProcess([str(REPO / "run.py"), *overrides], status, out, err)
     return run
 
 
