@@ -454,7 +454,7 @@ def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
+def test_killed_run_resumes_without_redoing_or_losing(tmp_path, cli_here):
     out = tmp_path / "run"
     args = [*QUICK, f"hydra.run.dir={out}"]
     proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=cli_env(),
@@ -471,7 +471,7 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     assert first.count("\n") == 1, "killed too late: both prompts had finished"
     assert (out / LOCK_FILE).exists()                               # the killed run's lock must not block the resume
 
-    result = cli(tmp_path, *args)
+    result = cli_here(tmp_path, *args)                             # the resumes: run.py in this process
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 of 2 prompts already done" in result.stdout
     after = samples_path.read_text()
@@ -479,11 +479,11 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     assert len({s["prompt_id"] for s in read_samples(out)}) == 2
     assert json.loads((out / "summary.json").read_text())["metrics"]["n_prompts"] == 2
 
-    again = cli(tmp_path, *args)                                   # nothing left to do
+    again = cli_here(tmp_path, *args)                              # nothing left to do
     assert again.returncode == 0 and "2 of 2 prompts already done" in again.stdout
     assert samples_path.read_text() == after
 
-    changed = cli(tmp_path, *args, "max_new_tokens=9")
+    changed = cli_here(tmp_path, *args, "max_new_tokens=9")
     assert changed.returncode == 2 and "max_new_tokens: 8 -> 9" in changed.stderr
 
 
