@@ -1,6 +1,11 @@
 """Shared fixtures: tiny random models of each architecture (logic), the embedded real model (end to end)."""
 from __future__ import annotations
 
+import logging
+import os
+import runpy
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -83,10 +88,6 @@ def pytest_collection_modifyitems(items):
 def lines_printed_offline(code: str) -> list[str]:
     """Run `code` in a fresh Python with HF_HUB_OFFLINE=1 (huggingface_hub reads it when imported);
     its non-empty stdout lines (stderr is appended to the assertion message through the exception)."""
-    import os
-    import subprocess
-    import sys
-
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     lines = [line for line in result.stdout.splitlines() if line]
@@ -143,3 +144,68 @@ def slow_but(keep, cases):
     return [case if (case[0] if isinstance(case, tuple) else case) in keep
             else pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
             for case in cases]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env(**extra: str) -> dict:
+    """The environment of a `python run.py` under test: W&B offline, the hub and datasets offline."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "WANDB_MODE")}
+    return {**env, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **extra}
+
+
+def run_py_here(cwd: Path, *overrides: str) -> int:
+    """`python run.py *overrides` in `cwd` without a new interpreter: run.py executed as `__main__` in this
+    process (the same lines: the ctx rewrite, the option check, Hydra and its callbacks, the runner and
+    `exit_with_error`); its exit status (from SystemExit, 0 if none). It starts on a fresh Hydra, as in
+    a new process (a test may hold one open: `hydra_conf`), in `cli_env()`'s environment; what the run
+    leaves in the process (environment, working folder, argv, Hydra's singletons, root logging handlers,
+    folders claimed by a run stopped before its end) is undone after it."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+
+    from sparsespec.harness import folder_lock
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in cli_env().items():
+            patch.setenv(key, value)
+        patch.delenv("HYDRA_FULL_ERROR", raising=False)
+        patch.chdir(cwd)
+        patch.setattr(sys, "argv", [str(REPO / "run.py"), *overrides])
+        patch.setattr(folder_lock, "_CLAIMED", {})
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        hydra_state = Singleton.get_state()
+        GlobalHydra.instance().clear()
+        try:
+            runpy.run_path(str(REPO / "run.py"), run_name="__main__")
+            return 0
+        except SystemExit as stop:
+            return exit_status(stop)
+        finally:
+            for handler in set(root.handlers) - set(handlers):
+                handler.close()
+            root.handlers[:], root.level = handlers, level
+            for lock in folder_lock._CLAIMED.values():
+                lock.release()
+            Singleton.set_state(hydra_state)
+
+
+@pytest.fixture
+def cli_here(capfd):
+    """`run_py_here` returning what `subprocess.run` would: `cli_here(cwd, *overrides)` is a
+    CompletedProcess of the exit status and the stdout/stderr read at the file descriptors."""
+    def run(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+        capfd.readouterr()                       # drop what earlier steps of the test printed
+        status = run_py_here(cwd, *overrides)
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess([str(REPO / "run.py"), *overrides], status, out, err)
+    return run
+
+
+def exit_status(stop: SystemExit) -> int:
+    """The status a process ending on `stop` exits with: sys.exit() is 0, sys.exit(n) is n, sys.exit("...") is 1."""
+    if stop.code is None:
+        return 0
+    return stop.code if isinstance(stop.code, int) else 1

@@ -21,7 +21,7 @@ from analysis.load import COLUMNS, load_results, load_wandb, rows_from_wandb_run
 from analysis.metrics import auc, predicted_ratio, roc_curve
 from analysis.plots import FIGURES
 from analysis.tables import measured_costs, method_comparison, paper_vs_measured
-from conftest import slow_but
+from conftest import run_py_here, slow_but
 from sparsespec.harness.results import aggregate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -525,15 +525,13 @@ REAL_METHODS = ["ar", "sparsespec", "sparsespec_fixed"]
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory) -> Path:
     """A tiny multirun of run.py on the embedded SmolLM2: 1K context (the smallest whose default 10%
-    draft budget holds sink + recent), one prompt, 8 new tokens, three methods."""
-    import subprocess
-    import sys
+    draft budget holds sink + recent), one prompt, 8 new tokens, three methods. Run in this process
+    (its output is the first test's captured setup output)."""
     sweep = tmp_path_factory.mktemp("real") / "multirun"
-    command = [sys.executable, "run.py", "-m", "model=smollm2_135m", "task=summarization", "ctx=1k",
-               f"method={','.join(REAL_METHODS)}", "num_prompts=1", "max_new_tokens=8", "warmup=false",
-               "logger=none", f"hydra.sweep.dir={sweep}"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    status = run_py_here(REPO, "-m", "model=smollm2_135m", "task=summarization", "ctx=1k",
+                         f"method={','.join(REAL_METHODS)}", "num_prompts=1", "max_new_tokens=8", "warmup=false",
+                         "logger=none", f"hydra.sweep.dir={sweep}")
+    assert status == 0
     return sweep
 
 

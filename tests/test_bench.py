@@ -4,8 +4,6 @@ format. In-process on a tiny model (the model and prompt loading are replaced); 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -219,14 +217,12 @@ def test_bench_experiments_list_methods_that_run_at_their_contexts(name, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_bench_experiment_runs_and_analysis_reads_it(tmp_path):
-    """`python run.py experiment=bench_cpu`, cut to one 1K context, one prompt and 8 tokens, then
-    `python -m analysis.figures` on its sweep folder."""
+def test_bench_experiment_runs_and_analysis_reads_it(tmp_path, cli_here):
+    """`python run.py experiment=bench_cpu` (run in this process), cut to one 1K context, one prompt and
+    8 tokens, then `python -m analysis.figures` on its sweep folder."""
     sweep = tmp_path / "multirun"
-    command = [sys.executable, "run.py", "experiment=bench_cpu", "hydra.sweeper.params.ctx=1k", "num_prompts=1",
-               "max_new_tokens=8", "bench.methods=[sparsespec,'sparsespec_fixed:k=4',hf_generate]",
-               f"hydra.sweep.dir={sweep}"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = cli_here(REPO, "experiment=bench_cpu", "hydra.sweeper.params.ctx=1k", "num_prompts=1", "max_new_tokens=8",
+                    "bench.methods=[sparsespec,'sparsespec_fixed:k=4',hf_generate]", f"hydra.sweep.dir={sweep}")
     assert done.returncode == 0, done.stderr[-3000:]
     cell = next(sweep.glob("0_smollm2_135m_summarization_ctx1000_bench"))
     assert sorted(p.name for p in cell.iterdir() if (p / "summary.json").exists()) == \

@@ -2,6 +2,8 @@
 
 The end-to-end tests run `python run.py` in a subprocess on the embedded SmolLM2 at 1K context
 (converted once and cached; the first conversion adds ~25 s). About 3-4 minutes on 2 CPU cores.
+Most bad-input cases run run.py in this process (conftest's `cli_here`): the same code from the command line
+to the one-line error, without an interpreter and torch start-up each.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import cli_env
 from test_config import hydra_conf, make  # noqa: F401 (hydra_conf is a fixture)
 
 from sparsespec.errors import ConfigError
@@ -41,11 +44,6 @@ METRIC_KEYS = {"n_prompts", "tokens_per_s", "ar_tokens_per_s", "ratio_mean", "sp
                "bound_reached"}
 SMOKE = ["experiment=smoke"]                       # ctx 1000, 2 prompts, 16 new tokens
 QUICK = ["experiment=smoke", "logger=none", "compare_ar=false", "max_new_tokens=8", "warmup=false", "cost_profile=false"]
-
-
-def cli_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "WANDB_MODE")}
-    return {**env, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **extra}
 
 
 def cli(cwd: Path, *overrides: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
@@ -287,8 +285,8 @@ def test_the_output_folder_is_claimed_before_hydra_writes_into_it(tmp_path):
         pass
 
 
-@pytest.mark.slow   # starts a subprocess
-def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp_path):
+@pytest.mark.slow   # starts a subprocess (the holder)
+def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp_path, cli_here):
     code = ("import sys, time\n"
             "from sparsespec.harness.folder_lock import hold_folder\n"
             "with hold_folder(sys.argv[1]):\n"
@@ -301,7 +299,7 @@ def test_a_run_refused_by_a_held_folder_leaves_the_holders_hydra_files_alone(tmp
     try:
         assert holder.stdout.readline().strip() == "held"
         before = folder_contents(tmp_path)
-        result = cli(tmp_path.parent, *QUICK, "method=sparsespec", f"hydra.run.dir={tmp_path}", timeout=120)
+        result = cli_here(tmp_path.parent, *QUICK, "method=sparsespec", f"hydra.run.dir={tmp_path}")
         assert_one_line_error(result, f"is in use by another run (pid {holder.pid} on")
         assert folder_contents(tmp_path) == before
     finally:
@@ -441,13 +439,13 @@ def test_run_writes_results_and_wandb_offline(tmp_path):
 
 
 @pytest.mark.real_model
-def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_path):
+def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_path, cli_here):
     """summary.json names the controller and k of a fixed-k run (k left at its default), and a
     context past the model's trained length (but within max_context) runs with one warning line,
     recorded in summary.json."""
     out = tmp_path / "run"
-    result = cli(tmp_path, *QUICK, "num_prompts=1", "method=sparsespec_fixed", "model.trained_context=512",
-                 f"hydra.run.dir={out}")
+    result = cli_here(tmp_path, *QUICK, "num_prompts=1", "method=sparsespec_fixed", "model.trained_context=512",
+                      f"hydra.run.dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == ["warning: ctx=1000 + max_new_tokens=8 is past smollm2_135m's trained length 512; "
@@ -459,7 +457,7 @@ def test_fixed_k_run_records_its_k_and_warns_once_past_the_trained_length(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
+def test_killed_run_resumes_without_redoing_or_losing(tmp_path, cli_here):
     out = tmp_path / "run"
     args = [*QUICK, f"hydra.run.dir={out}"]
     proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=cli_env(),
@@ -476,7 +474,7 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     assert first.count("\n") == 1, "killed too late: both prompts had finished"
     assert (out / LOCK_FILE).exists()                               # the killed run's lock must not block the resume
 
-    result = cli(tmp_path, *args)
+    result = cli_here(tmp_path, *args)                             # the resumes: run.py in this process
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 of 2 prompts already done" in result.stdout
     after = samples_path.read_text()
@@ -484,11 +482,11 @@ def test_killed_run_resumes_without_redoing_or_losing(tmp_path):
     assert len({s["prompt_id"] for s in read_samples(out)}) == 2
     assert json.loads((out / "summary.json").read_text())["metrics"]["n_prompts"] == 2
 
-    again = cli(tmp_path, *args)                                   # nothing left to do
+    again = cli_here(tmp_path, *args)                              # nothing left to do
     assert again.returncode == 0 and "2 of 2 prompts already done" in again.stdout
     assert samples_path.read_text() == after
 
-    changed = cli(tmp_path, *args, "max_new_tokens=9")
+    changed = cli_here(tmp_path, *args, "max_new_tokens=9")
     assert changed.returncode == 2 and "max_new_tokens: 8 -> 9" in changed.stderr
 
 
@@ -554,19 +552,18 @@ def test_multirun_two_methods_by_two_contexts_through_submitit(tmp_path):
     assert all(j.name in result.stdout for j in jobs)              # the sweep report
 
 
-@pytest.mark.slow   # starts a subprocess
-def test_sweep_job_errors_are_listed_and_exit_2(tmp_path):
+@pytest.mark.slow   # runs all of run.py (Hydra's sweep, the runner), as the full suite's bad-input cases do
+def test_sweep_job_errors_are_listed_and_exit_2(tmp_path, cli_here):
     sweep = tmp_path / "sweep"
-    result = cli(tmp_path, "-m", "ctx=60k,64k", "logger=none", f"hydra.sweep.dir={sweep}")
+    result = cli_here(tmp_path, "-m", "ctx=60k,64k", "logger=none", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 2, result.stderr[-3000:]
     assert "2 job(s) stopped on an error" in result.stderr and "Traceback" not in result.stderr
     assert len(list(sweep.glob("*/error.txt"))) == 2
 
 
-@pytest.mark.slow   # starts a subprocess
-def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "run.py"), "--help"], cwd=tmp_path, capture_output=True,
-                            text=True, env=cli_env(), timeout=120)
+@pytest.mark.slow   # runs run.py's command line, as the full suite's bad-input cases do
+def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path, cli_here):
+    result = cli_here(tmp_path, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert not [line for line in lines if line.startswith("method_options")]
@@ -576,9 +573,19 @@ def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
 
 @pytest.mark.slow   # starts a subprocess
 @pytest.mark.parametrize("overrides, expected", [
-    (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["model=llama3_8b", "ctx=1k"], "hf download meta-llama/Meta-Llama-3-8B-Instruct"),
     (["task.source=longbench"], "hf download Xnhyacinth/LongBench"),
+], ids=["model-offline", "dataset-offline"])
+def test_unavailable_input_gives_one_line_error_on_the_command_line(tmp_path, overrides, expected):
+    """A fresh `python run.py` (exit status, stderr, no traceback as the shell sees them); a fresh
+    process also because huggingface_hub reads HF_HUB_OFFLINE when it is imported."""
+    result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(result, expected)
+
+
+@pytest.mark.slow   # runs all of run.py (Hydra, the runner), as the full suite's bad-input cases do
+@pytest.mark.parametrize("overrides, expected", [
+    (["ctx=60k"], "exceeds model smollm2_135m's max_context=8192"),
     (["method.options.sink=0", "method.options.recent=0", "method.options.topk=0"], "leaves the draft no position"),
     (["task.source=arxiv"], "task.source='arxiv' is unknown"),
     (["+method.options.bogus=1"], "unknown option(s) ['bogus']"),
@@ -587,11 +594,11 @@ def test_help_lists_the_usable_groups_and_where_method_options_are(tmp_path):
     (["-m", "method=ar,sparsespec", "method.options.budget=0.05"],
      "method=ar has no option 'budget' (it takes no options); to set it only where it exists, compare the "
      "methods in one run: 'bench.methods=[\"sparsespec:budget=0.05\"]'"),
-], ids=["ctx-too-long", "model-offline", "dataset-offline", "budget-no-position",
+], ids=["ctx-too-long", "budget-no-position",
         "unknown-source", "unknown-option", "ar-controller-option", "unknown-retrieval-variant",
         "sweep-option-one-method-lacks"])
-def test_bad_input_gives_one_line_error(tmp_path, overrides, expected):
-    result = cli(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
+def test_bad_input_gives_one_line_error(tmp_path, cli_here, overrides, expected):
+    result = cli_here(tmp_path, *SMOKE, "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(result, expected)
 
 
@@ -630,22 +637,22 @@ def make_bad_inputs(tmp: Path) -> None:
 ], ids=["temperature-nan", "temperature-inf", "temperature-abc", "top_p-nan", "seed-abc", "cuda-absent",
         "run-dir-in-proc", "run-dir-is-file", "run-dir-under-file", "model-folder-empty", "model-type-unknown",
         "task-path-missing", "task-jsonl-malformed", "resume-json-corrupt"])
-def test_unreliable_input_gives_one_line_error(tmp_path, overrides, expected):
+def test_unreliable_input_gives_one_line_error(tmp_path, cli_here, overrides, expected):
     make_bad_inputs(tmp_path)
     overrides = [o.format(tmp=tmp_path) for o in overrides]
     if not any(o.startswith("hydra.run.dir=") for o in overrides):
         overrides.append(f"hydra.run.dir={tmp_path / 'run'}")
-    assert_one_line_error(cli(tmp_path, *QUICK, "num_prompts=1", *overrides), expected.format(tmp=tmp_path))
+    assert_one_line_error(cli_here(tmp_path, *QUICK, "num_prompts=1", *overrides), expected.format(tmp=tmp_path))
 
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_a_run_stopped_by_bad_input_does_not_tie_its_folder(tmp_path):
+def test_a_run_stopped_by_bad_input_does_not_tie_its_folder(tmp_path, cli_here):
     """The issue's repro: a budget refused only once the run has started, then a good one."""
     out = tmp_path / "run"
-    assert_one_line_error(cli(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=-0.1", f"hydra.run.dir={out}"),
-                          "budget=-0.1")
-    good = cli(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=0.1", f"hydra.run.dir={out}")
+    assert_one_line_error(cli_here(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=-0.1",
+                                   f"hydra.run.dir={out}"), "budget=-0.1")
+    good = cli_here(tmp_path, *QUICK, "num_prompts=1", "method.options.budget=0.1", f"hydra.run.dir={out}")
     assert good.returncode == 0, good.stderr[-3000:]
     assert len(read_samples(out)) == 1
     assert json.loads((out / RESUME).read_text())["options"]["budget"] == 0.1
@@ -668,22 +675,17 @@ def test_two_runs_into_one_folder_one_stops_at_once(tmp_path):
     assert len(samples) == 2 and len({s["prompt_id"] for s in samples}) == 2
 
 
-@pytest.mark.slow
-def test_a_sweep_job_that_crashes_is_recorded_and_listed(tmp_path):
+@pytest.mark.slow   # runs all of run.py (Hydra's sweep, the runner), as the full suite's bad-input cases do
+def test_a_sweep_job_that_crashes_is_recorded_and_listed(tmp_path, cli_here, monkeypatch):
     """A bug in a job (here: loading raises RuntimeError) leaves error.txt, one line then the traceback;
     the other jobs run, the sweep report lists it by its first line and exits 2."""
-    code = ("import runpy, sys\n"
-            "from sparsespec.harness import runner\n"
-            "def crash(config):\n"
-            "    raise RuntimeError(f'boom at seed {config.seed}')\n"
-            "runner.load_inputs = crash\n"
-            "sys.argv[0] = sys.argv[1]\n"
-            "del sys.argv[1]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    import sparsespec.harness.runner as runner
+
+    def crash(config):
+        raise RuntimeError(f"boom at seed {config.seed}")
+    monkeypatch.setattr(runner, "load_inputs", crash)
     sweep = tmp_path / "sweep"
-    result = subprocess.run([sys.executable, "-c", code, str(REPO / "run.py"), "-m", "seed=0,1", *QUICK,
-                             f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=cli_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = cli_here(tmp_path, "-m", "seed=0,1", *QUICK, f"hydra.sweep.dir={sweep}")
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "2 job(s) stopped on an error" in result.stderr

@@ -3,11 +3,7 @@ answer recoverable from the prompt alone, and exact-match scoring."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tiny_tokenizer import tiny_tokenizer
@@ -223,15 +219,12 @@ def test_other_tasks_refuse_retrieval_options(tokenizer):
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_a_retrieval_run_records_depth_and_scores_beside_speed(tmp_path):
-    """`python run.py task=retrieval` at a small context: every sample records its depth and an exact-match
-    score, and greedy SparseSpec-L's output, hence its score, equals AR's."""
-    repo = Path(__file__).resolve().parents[1]
+def test_a_retrieval_run_records_depth_and_scores_beside_speed(tmp_path, cli_here):
+    """`python run.py task=retrieval` at a small context (run in this process): every sample records its
+    depth and an exact-match score, and greedy SparseSpec-L's output, hence its score, equals AR's."""
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, str(repo / "run.py"), "task=retrieval", "ctx=1k", "num_prompts=3",
-                             "max_new_tokens=12", "logger=none", "warmup=false", "cost_profile=false",
-                             f"hydra.run.dir={out}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = cli_here(tmp_path, "task=retrieval", "ctx=1k", "num_prompts=3", "max_new_tokens=12", "logger=none",
+                      "warmup=false", "cost_profile=false", f"hydra.run.dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["prompt_id"].split(":")[1] for s in samples] == list(VARIANTS[:3])
