@@ -482,6 +482,7 @@ def test_cost_split_recovers_per_step_and_per_sequence_costs():
     assert split["per_sequence_share_ar_at_max_B"] == pytest.approx(32 / 42)
 
 
+@pytest.mark.slow   # a harness run, ~3 s
 def test_harness_decodes_a_batch_of_a_method_that_cannot_batch_one_sequence_at_a_time(harness_run, tmp_path):
     run, _, _ = harness_run
     summary = run(tmp_path / "c", "batch_size=2", "method=quest", "num_prompts=3")
