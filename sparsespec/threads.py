@@ -84,7 +84,7 @@ def choose(cost_s: dict[int, float], measured: str, mixed: dict | None = None,
 def ar_step_s(rounds: list) -> float:
     """C_AR: median seconds of one AR step, over an AR generation's `rounds` (each verifies one row
     a sequence; a batch's round times are the batch's)."""
-    return statistics.median(r.verify_s + r.draft_s + r.select_s for r in rounds)
+    return statistics.median(r.seconds for r in rounds)      # `Round.seconds`: the whole round
 
 
 def profile_work_s(profile) -> float:
