@@ -349,6 +349,7 @@ def test_predicted_ratio_is_the_controllers_objective():
 
 # ---------------------------------------------------------------- figures and tables
 
+@pytest.mark.slow   # writes every figure (the fixture, ~6 s): `make test`
 def test_every_figure_is_written_as_png_and_pdf(figures_out):
     for name in set(FIGURES) - {"speedup_vs_depth"}:      # retrieval only: tests/test_analysis_retrieval.py
         stem = f"{name}__{MODEL}__{TASK}"
@@ -357,12 +358,14 @@ def test_every_figure_is_written_as_png_and_pdf(figures_out):
             assert path.is_file() and path.stat().st_size > 1000, f"missing {path.name}"
 
 
+@pytest.mark.slow   # writes every figure (the fixture, ~6 s): `make test`
 def test_tables_are_written_in_three_formats(figures_out):
     for stem in ("method_comparison", "measured_costs", "paper_vs_measured", "experiment_costs"):
         for ext in ("csv", "md", "tex"):
             assert (figures_out / f"{stem}.{ext}").is_file(), f"missing {stem}.{ext}"
 
 
+@pytest.mark.slow   # writes every figure (the fixture, ~6 s): `make test`
 def test_method_table_has_a_row_per_setting_and_method(frame, figures_out):
     table = pd.read_csv(figures_out / "method_comparison.csv")
     ours = table[table["ctx"].isin(CONTEXTS)]
@@ -389,6 +392,7 @@ def log_scale_interval(ratios: list[float]) -> tuple[float, float, float]:
     return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
+@pytest.mark.slow   # writes every figure (the fixture, ~6 s): `make test`
 def test_table_value_equals_the_runs_summary_json(results, figures_out):
     summary_path = next(p for p in results.rglob("summary.json")
                         if json.loads(p.read_text())["run"]["method"] == "streaming"

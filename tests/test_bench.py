@@ -169,6 +169,7 @@ def test_method_entries_take_options_and_are_checked(tmp_path):
     assert entry_folder("sparsespec_fixed:k=4,recent=128") == "sparsespec_fixed-k=4-recent=128"
 
 
+@pytest.mark.slow   # a whole benchmark, ~3.5 s: `make test`
 def test_entries_that_resolve_alike_are_decoded_once_into_one_folder(bench, tmp_path, capsys):
     """`sparsespec:budget=0.5,` is `sparsespec:budget=0.5` again, and `sparsespec_fixed:budget=0.5`
     is `sparsespec:controller=fixed,budget=0.5`: each pair is one entry, one folder, one sample a prompt."""

@@ -208,6 +208,7 @@ def fake_inputs(monkeypatch, crash_on: str | None = None) -> None:
     monkeypatch.setattr(decoding, "sample_of", sample_of)
 
 
+@pytest.mark.slow   # a whole harness run, ~3 s: `make test`
 def test_a_run_stopped_after_loading_leaves_its_folder_free_for_new_settings(tmp_path, hydra_conf, monkeypatch):
     from sparsespec.harness import runner
 
@@ -223,6 +224,7 @@ def test_a_run_stopped_after_loading_leaves_its_folder_free_for_new_settings(tmp
     assert [s["prompt_id"] for s in read_samples(tmp_path)] == ["p0", "p1"]
 
 
+@pytest.mark.slow   # a whole harness run, ~3 s: `make test`
 def test_a_crash_mid_run_keeps_every_finished_sample_and_frees_the_folder(tmp_path, hydra_conf, monkeypatch):
     from sparsespec.harness.runner import run
 
@@ -237,6 +239,7 @@ def test_a_crash_mid_run_keeps_every_finished_sample_and_frees_the_folder(tmp_pa
     assert after.startswith(first) and after.count("\n") == 2    # p0 kept as it was, p1 added once
 
 
+@pytest.mark.slow   # two harness runs, ~2.5 s: `make test`
 def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_path, hydra_conf, monkeypatch):
     from sparsespec.harness.runner import run
 
@@ -329,6 +332,7 @@ def test_the_lock_of_a_killed_run_does_not_block_its_resume(tmp_path):
         pass
 
 
+@pytest.mark.slow   # a whole harness run, ~2 s: `make test`
 def test_wandb_online_without_login_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))                    # no ~/.netrc, no wandb settings

@@ -61,6 +61,7 @@ def test_a_bad_bench_entry_stops_the_build(tmp_path):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow   # a whole benchmark, ~3 s: `make test`
 def test_bench_entries_are_composed_at_build_and_never_later(harness_run, tmp_path, monkeypatch):
     """Every `bench.methods` entry is turned into its method once, while the run config is built."""
     run, _, _ = harness_run
@@ -83,6 +84,7 @@ def test_bench_entries_are_composed_at_build_and_never_later(harness_run, tmp_pa
     assert at_build == [3] and len(composes) == 3          # ar, sparsespec_fixed, pld: at build only
 
 
+@pytest.mark.slow   # a whole harness run, ~3 s: `make test`
 def test_a_batch_of_one_keeps_the_sample_fields_it_always_had(harness_run, tmp_path):
     run, _, _ = harness_run
     run(tmp_path / "cell", "num_prompts=2", "max_new_tokens=4", "warmup=false", "cost_profile=false",

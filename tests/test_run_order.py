@@ -95,6 +95,7 @@ def positions(samples: dict[str, list[dict]], row: int) -> list[str]:
     return sorted(samples, key=lambda entry: samples[entry][row]["run_position"])
 
 
+@pytest.mark.slow   # a whole benchmark, ~3.5 s: `make test`
 def test_a_benchmark_decodes_each_prompt_in_its_drawn_order_and_records_it(decoded, tmp_path):
     run, calls = decoded
     run(tmp_path / "cell")

@@ -222,6 +222,7 @@ def test_loop_with_temperature_and_top_p_emits_the_filtered_distribution(tiny_vo
 
 @pytest.mark.parametrize("bug", ["acceptance+2pts",
                                  pytest.param("residual=p", marks=pytest.mark.slow)])   # ~12 s
+@pytest.mark.slow   # checks the check, ~3 s a bug: `make test`
 def test_the_exact_check_catches_a_biased_acceptance_rule(tiny_vocab, monkeypatch, bug):
     """The check above must be able to fail: a rule that accepts 2 points too often, or resamples
     from p instead of norm(max(0, p - q)) after a rejection, is caught, though its bias is small."""
