@@ -3,6 +3,7 @@
 
     python -m analysis.claims <results>                      # <results>/claims.md and <results>/figures
     python -m analysis.claims docs/runs/matrix --publish     # also docs/claims.md and the README's block
+    python -m analysis.claims docs/runs/matrix --selection docs/runs/selection_budget --publish   # + k=16 selection
 
 Without `--publish` nothing outside the results folder is written. With it, `docs/claims.md` (each
 claim with its pooled estimates and its evidence per cell) and the README's results block between the
@@ -26,7 +27,8 @@ import pandas as pd
 
 from analysis import estimates
 from analysis.estimates import NOT_MEASURABLE, Estimate, combined_verdict
-from analysis.frames import DEPTH_STEP, RETRIEVAL, fixed_k_inversion, retrieval_by_depth, with_labels
+from analysis.frames import (DEPTH_STEP, RECYCLED, RETRIEVAL, fixed_k_inversion, percent, retrieval_by_depth,
+                             selection_samples, with_labels)
 from analysis.load import results_or_exit
 from analysis.provenance import PoolingError, cell_provenance, check_poolable, duplicate_prompts
 from analysis.tables import ctx_label
@@ -37,6 +39,8 @@ CONTROLLER = "sparsespec"
 FIXED_K = ("sparsespec_fixed k=4", "sparsespec_fixed k=8", "sparsespec_fixed k=16")
 SAME_K_RECYCLED = "sparsespec_fixed k=4"          # recycled top-K at streaming's and SnapKV's default k=4 and budget
 SIMPLER_DRAFTS = ("streaming", "snapkv_static")
+SELECTION_K = 16                                  # where a selection's misses compound: at k=4 every draft accepts ~5 of 5
+SELECTION_BUDGETS = (0.05, 0.1)                   # 5% and the matrix's default 10%: where the drafts' selections differ
 OTHER_DRAFTERS = ("layerskip", "assisted")
 LONG_CONTEXT = 20_000                             # "beyond 20K": the paper's long-context comparisons
 MARK_BEGIN, MARK_END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -257,21 +261,54 @@ def claim_controller(s: pd.DataFrame) -> Claim:
                    f"{len(table)} cells", table, pooled_table)
 
 
-def claim_selection(s: pd.DataFrame) -> Claim:
+SAME_DRAFT_RATIO = "recycled top-K / other (same k and budget)"
+
+
+def sweep_selection(sweep: pd.DataFrame | None) -> tuple[list[dict], dict[str, Estimate]]:
+    """From a draft-budget sweep (`analysis.frames.selection_samples`), at k = SELECTION_K and each budget of
+    SELECTION_BUDGETS: per cell, recycled top-K's tokens/s over each simpler draft's at that budget (paired
+    per prompt), and each pooled over the cells (cells as blocks). Nothing without a sweep."""
+    if sweep is None:
+        return [], {}
+    records, pooled = [], {}
+    for budget in SELECTION_BUDGETS:
+        at = sweep[(sweep["k"] == SELECTION_K) & (sweep["budget_frac"] == round(budget, 4))]
+        mine = f"{RECYCLED} b={percent(budget)}"
+        for other in SIMPLER_DRAFTS:
+            theirs = f"{other} b={percent(budget)}"
+            records += [{**cell, "k": SELECTION_K, "budget": percent(budget), "vs": other,
+                         SAME_DRAFT_RATIO: fmt_ci(est), "standing": standing(est)}
+                        for cell, rows in cells(at) if {mine, theirs} <= set(rows["label"])
+                        for est in [paired_ratio(rows, mine, theirs)]]
+            est = pooled_ratio(at, mine, theirs)
+            if est.ratio is not None:
+                pooled[f"recycled top-K (k={SELECTION_K}, budget {percent(budget)}) / {other}"] = est
+    return records, pooled
+
+
+def claim_selection(s: pd.DataFrame, sweep: pd.DataFrame | None = None) -> Claim:
+    """Recycled top-K against streaming and SnapKV at the same k and budget: the matrix's k = 4 at the
+    default budget and, given a budget sweep (`--selection`), k = SELECTION_K at each of SELECTION_BUDGETS,
+    where a selection's misses compound. Reproduced only when every pooled comparison is."""
     claim = "Recycled top-K beats a streaming draft and a static SnapKV draft at the same budget"
-    records = [{**cell, "vs": other, "recycled top-K / other (k=4, same budget)": fmt_ci(est),
+    k4 = int(SAME_K_RECYCLED.rsplit("=", 1)[1])
+    records = [{**cell, "k": k4, "budget": "default", "vs": other, SAME_DRAFT_RATIO: fmt_ci(est),
                 "standing": standing(est)}
                for cell, rows in cells(s) for other in SIMPLER_DRAFTS if {SAME_K_RECYCLED, other} <= set(rows["label"])
                for est in [paired_ratio(rows, SAME_K_RECYCLED, other)]]
-    pooled = {o: pooled_ratio(s, SAME_K_RECYCLED, o) for o in SIMPLER_DRAFTS}
-    pooled = {o: e for o, e in pooled.items() if e.ratio is not None}
-    pooled_table = pd.DataFrame([pooled_row(f"recycled top-K (k=4) / {o}", e) for o, e in pooled.items()])
+    pooled = {f"recycled top-K (k={k4}, default budget) / {o}": pooled_ratio(s, SAME_K_RECYCLED, o)
+              for o in SIMPLER_DRAFTS}
+    pooled = {what: e for what, e in pooled.items() if e.ratio is not None}
+    swept_records, swept = sweep_selection(sweep)
+    records += swept_records
+    pooled.update(swept)
+    pooled_table = pd.DataFrame([pooled_row(what, e) for what, e in pooled.items()])
     if not pooled:
         return Claim(claim, NOT_MEASURABLE, "no cell ran recycled top-K beside streaming or SnapKV",
                      pd.DataFrame(records), pooled_table)
     return Claim(claim, combined_verdict([e.verdict() for e in pooled.values()]),
-                 "pooled over cells, " + "; ".join(named(f"recycled top-K / {o}", e) for o, e in pooled.items())
-                 + " (k = 4, the same budget)", pd.DataFrame(records), pooled_table)
+                 "pooled over cells, " + "; ".join(named(what, e) for what, e in pooled.items()),
+                 pd.DataFrame(records), pooled_table)
 
 
 def claim_quality(s: pd.DataFrame) -> Claim:
@@ -297,9 +334,10 @@ CLAIMS = (claim_context_growth, claim_across_tasks, claim_beats_other_drafters, 
           claim_selection, claim_quality)
 
 
-def check_claims(s: pd.DataFrame) -> list[Claim]:
-    """Every claim's verdict from the per-prompt frame (`samples(df)`)."""
-    return [check(s) for check in CLAIMS]
+def check_claims(s: pd.DataFrame, sweep: pd.DataFrame | None = None) -> list[Claim]:
+    """Every claim's verdict from the per-prompt frame (`samples(df)`); `sweep`, a draft-budget sweep's
+    (`analysis.frames.selection_samples`), adds the selection claim's comparisons at k = SELECTION_K."""
+    return [check(s, sweep) if check is claim_selection else check(s) for check in CLAIMS]
 
 
 # ------------------------------------------------------------------------------------ shared prefill
@@ -378,10 +416,11 @@ METHOD_NOTE = ("Every ratio is on the log scale: a geometric mean with its Stude
                "otherwise. Comparisons between methods are paired per prompt.")
 
 
-def claims_document(claims: list[Claim], s: pd.DataFrame, results: str, hardware: str,
+def claims_document(claims: list[Claim], s: pd.DataFrame, command: str, hardware: str,
                     prefill: pd.DataFrame | None = None, provenance: pd.DataFrame | None = None) -> str:
+    """docs/claims.md: `command` is the one that regenerates it (`command_line`)."""
     parts = ["# The paper's claims, measured on the CPU matrix", "",
-             f"Generated by `python -m analysis.claims {results} {PUBLISH}` from the committed run summaries; do not "
+             f"Generated by `{command}` from the committed run summaries; do not "
              f"edit by hand. Hardware: {hardware}. Greedy, 128 new tokens, prefill excluded from every speed.", "",
              METHOD_NOTE, "", claims_table(claims), ""]
     for c in claims:
@@ -429,13 +468,14 @@ PREFILL_NOTE = ("AR and every engine method decode each prompt from one prefill 
                 "Chunk wall time is the whole chunk (`wall_times.tsv`), prefill and decoding of every method.")
 
 
-def readme_block(claims: list[Claim], s: pd.DataFrame, results: str, prefill: pd.DataFrame | None = None) -> str:
+def readme_block(claims: list[Claim], s: pd.DataFrame, results: str, command: str,
+                 prefill: pd.DataFrame | None = None) -> str:
     controller = speedup_table(s, labels=(CONTROLLER, "sparsespec_fixed k=4", "sparsespec_fixed k=8", "streaming",
                                           "snapkv_static"))
     measured = "; ".join(f"{model} at {', '.join(ctx_label(c) for c in sorted(rows['ctx'].unique()))}"
                          for model, rows in s.groupby("model", sort=True))
     return "\n".join([MARK_BEGIN,
-                      f"<!-- generated by `python -m analysis.claims {results} {PUBLISH}`; edits here are overwritten -->",
+                      f"<!-- generated by `{command}`; edits here are overwritten -->",
                       f"Cells measured so far: {measured}.", "",
                       claims_table(claims), "",
                       "Speed-up over AR (decode tokens/s, same process, same prompts; geometric mean and 95% interval "
@@ -505,6 +545,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also rewrite the published claims: --claims and the README's claims block")
     parser.add_argument("--claims", type=Path, help="with --publish: where the details go (default docs/claims.md)")
     parser.add_argument("--readme", help="with --publish: whose claims block to fill (default README.md; none: no README)")
+    parser.add_argument("--selection", help="a draft-budget sweep's results folder (e.g. docs/runs/selection_budget): "
+                        f"adds recycled top-K against the simpler drafts at k={SELECTION_K} to the selection claim")
     parser.add_argument("--no-figures", action="store_true", help="skip the figures and cost tables")
     parser.add_argument("--allow-mixed-commits", action="store_true",
                         help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
@@ -516,24 +558,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that regenerates the published claims from these inputs."""
+    return " ".join(["python -m analysis.claims", args.results, *(["--selection", args.selection] if args.selection else []),
+                     PUBLISH])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Check every input, compute every claim, then write: <results>/claims.md (or, with --publish,
     --claims and the README's block) and <results>/figures."""
     args = parse_args(argv)
     readme = text_with_block(args.readme) if args.publish and args.readme else None
     df = results_or_exit(args.results)
+    sweep_df = results_or_exit(args.selection) if args.selection else None
     try:
         walls = chunk_wall_seconds(Path(args.results))
         check_poolable(df, args.allow_mixed_commits)
         s = samples(df)
+        if sweep_df is not None:
+            check_poolable(sweep_df, args.allow_mixed_commits)
+        sweep = None if sweep_df is None else selection_samples(sweep_df)
     except (PoolingError, WallTimesError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    claims = check_claims(s)
+    claims = check_claims(s, sweep)
+    command = command_line(args)
     hardware = ", ".join(sorted(df["hardware"].dropna().astype(str).unique())) or "unknown"
     prefill = prefill_savings(df, walls)
-    document = claims_document(claims, s, args.results, hardware, prefill, cell_provenance(df))
-    readme_text = None if readme is None else replace_block(readme, readme_block(claims, s, args.results, prefill))
+    document = claims_document(claims, s, command, hardware, prefill, cell_provenance(df))
+    readme_text = None if readme is None else replace_block(readme, readme_block(claims, s, args.results, command, prefill))
     # everything is checked and computed: only writing is left
     if not args.no_figures:
         from analysis.figures import generate

@@ -26,42 +26,13 @@ from matplotlib.figure import Figure
 
 from analysis import estimates
 from analysis.claims import fmt_ci, paired_ratio, report_arguments, standing, write_report
+from analysis.frames import RECYCLED, SELECTION_CELL, percent, selection_samples
 from analysis.load import results_or_exit
 from analysis.tables import ctx_label
 from sparsespec.tables import markdown_table
 
 MARK_BEGIN, MARK_END = "<!-- selection:begin -->", "<!-- selection:end -->"
-CELL = ["model", "task", "ctx", "k"]              # k too: a sweep at k=4 and one at k=16 are separate cells
-RECYCLED = "sparsespec_fixed"                 # recycled top-K at a fixed k: the draft under test
-DRAFTS = (RECYCLED, "streaming", "snapkv_static")
-
-
-def percent(fraction: float) -> str:
-    """0.02 -> `2%`, 0.025 -> `2.5%`: distinct budgets never share a label."""
-    return f"{fraction * 100:g}%"
-
-
-def selection_samples(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (cell, draft, budget, prompt). `draft` is the run's method label (options other than
-    k and budget stay in it: `sparsespec_fixed recent=16`); `label` adds the budget, for pairing."""
-    base = df["method"].astype(str).str.split(" ").str[0]
-    out = df[base.isin(DRAFTS) & df["budget_frac"].notna()].copy()
-    if out.empty:
-        raise SystemExit(f"error: no run of {', '.join(DRAFTS)} with a draft budget in these results; "
-                         f"run `python run.py experiment=selection_budget_cpu` first")
-    out["ctx"] = out["ctx"].astype(int)
-    out["k"] = out["k"].astype(int)
-    out["draft"] = out["method"].astype(str)
-    out["budget_frac"] = out["budget_frac"].round(4)
-    out["label"] = [f"{d} b={percent(b)}" for d, b in zip(out["draft"], out["budget_frac"])]
-    twice = out[out.duplicated([*CELL, "label", "prompt_id"], keep=False)]
-    if not twice.empty:          # pairing would silently average the two decodes
-        first = twice.iloc[0]
-        raise SystemExit(f"error: prompt {first['prompt_id']} of {first['label']} (k={first['k']}) at {first['model']}/"
-                         f"{first['task']}/{first['ctx']} appears in more than one run; give analysis.selection one "
-                         f"run per cell and draft (extend a cell by resuming its folder with a larger num_prompts)")
-    return out[[*CELL, "draft", "budget_frac", "label", "prompt_id", "tokens_per_s", "speedup_vs_ar",
-                "mean_accepted", "outputs_match_ar", "run_c_draft_s", "run_c_verify_s", "run_select_s_per_round"]]
+CELL = SELECTION_CELL
 
 
 def budget_table(s: pd.DataFrame) -> pd.DataFrame:

@@ -19,10 +19,11 @@ SPEED = {"ar": 1.0, "sparsespec": 1.5, "sparsespec_fixed": 1.3, "streaming": 1.1
 
 
 def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = False, noisy: bool = False,
-              ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None) -> None:
+              ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None,
+              options: dict | None = None) -> None:
     """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads; without
     `code` its git state is that of a run made before the code fingerprint was recorded."""
-    options = {"k": 4} if method == "sparsespec_fixed" else {}
+    options = options if options is not None else {"k": 4} if method == "sparsespec_fixed" else {}
     samples = []
     for p in range(prompts):
         ar = 10.0 * (1 + 0.1 * p)
@@ -75,6 +76,21 @@ def test_publish_rewrites_the_docs_and_the_readme_block(tmp_path):
     assert "OLD-BLOCK" not in readme.read_text() and "--publish" in readme.read_text()
     assert doc.read_text().startswith("# The paper's claims")
     assert not (results / "claims.md").exists()
+
+
+def test_a_selection_sweep_joins_the_selection_claim_and_the_regenerating_command(tmp_path):
+    readme, doc = published(tmp_path)
+    results, sweep = write_cell(tmp_path / "matrix"), tmp_path / "selection"
+    for method in ("sparsespec_fixed", "streaming"):
+        for budget in (0.05, 0.1):
+            write_run(sweep / "k16" / "0_m_qa_ctx8000_bench" / f"{method}-k=16-budget={budget}", method,
+                      options={"k": 16, "budget": budget})
+    assert claims.main([str(results), "--selection", str(sweep), "--no-figures", "--publish", "--claims", str(doc),
+                        "--readme", str(readme)]) == 0
+    text = doc.read_text()
+    assert f"python -m analysis.claims {results} --selection {sweep} --publish" in text
+    assert "recycled top-K (k=16, budget 5%) / streaming" in text and "recycled top-K (k=16, budget 10%)" in text
+    assert f"--selection {sweep} --publish" in readme.read_text()
 
 
 def test_claims_and_readme_paths_without_publish_are_refused(tmp_path, capsys):

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import claims
+from analysis.frames import selection_samples
 from analysis.provenance import PoolingError
 
 AR_SPEED = {2000: 20.0, 8000: 10.0, 32000: 4.0}
@@ -99,6 +100,59 @@ def test_paired_ratio_is_the_geometric_mean_of_per_prompt_ratios():
     assert ci.ratio != pytest.approx((a / b).mean())        # not the arithmetic mean of the ratios
     assert ci.low * ci.high == pytest.approx(ci.ratio ** 2)  # symmetric on the log scale
     assert claims.standing(ci) == "ahead"
+
+
+def sweep(speed: dict, k: int = 16, tasks=("qa", "code", "retrieval"), prompts=4, noise=0.02) -> pd.DataFrame:
+    """A draft-budget sweep at one k (what `experiment=selection_budget_cpu` records): per task and prompt,
+    tokens/s = AR's * speed[(draft, budget)], streaming's with +-noise so paired ratios vary."""
+    rows = []
+    for task in tasks:
+        for p in range(prompts):
+            ar, jitter = 10.0 * (1 + 0.05 * p), 1 + noise * (p - 1.5)
+            for (method, budget), factor in speed.items():
+                tps = ar * factor * (jitter if method == "streaming" else 1)
+                rows.append({"model": "m", "task": task, "ctx": 8000.0, "method": method, "k": float(k),
+                             "budget": budget, "budget_frac": budget, "prompt_id": f"{p:03d}", "tokens_per_s": tps,
+                             "speedup_vs_ar": tps / ar, "mean_accepted": 3.0, "outputs_match_ar": True,
+                             "run_c_draft_s": 0.04, "run_c_verify_s": 0.3, "run_select_s_per_round": 0.005})
+    return pd.DataFrame(rows)
+
+
+TOPK_AHEAD = {("sparsespec_fixed", 0.05): 1.5, ("streaming", 0.05): 1.0,
+              ("sparsespec_fixed", 0.1): 1.6, ("streaming", 0.1): 1.2}
+
+
+def selection_claim(matrix: dict, swept: pd.DataFrame | None) -> claims.Claim:
+    return claims.claim_selection(claims.samples(frame(matrix)), None if swept is None else selection_samples(swept))
+
+
+def test_a_budget_sweep_adds_the_k16_comparisons_pooled_over_its_cells():
+    claim = selection_claim(GOOD, sweep(TOPK_AHEAD))
+    pooled = claim.pooled.set_index("comparison")
+    at5 = "recycled top-K (k=16, budget 5%) / streaming"
+    assert {at5, "recycled top-K (k=16, budget 10%) / streaming"} <= set(pooled.index)
+    assert pooled.loc[at5, "n"] == "n = 12 prompts in 3 cells"
+    # per prompt 1.5 / jitter: the geometric mean of 1 / (1 +- 0.01, 0.03) is 1.5 to 3 decimals
+    assert pooled.loc[at5, "estimate [95% CI]"].startswith("1.50×")
+    assert claim.verdict == "reproduced" and at5 in claim.summary
+    per_cell = claim.evidence[claim.evidence["k"] == 16]
+    assert len(per_cell) == 6 and set(per_cell["budget"]) == {"5%", "10%"} and set(per_cell["standing"]) == {"ahead"}
+
+
+def test_a_tie_at_k16_makes_the_selection_claim_inconclusive_and_a_loss_contradicts_it():
+    tied = {key: 1.3 for key in TOPK_AHEAD}                              # equal speeds: jitter only
+    assert selection_claim(GOOD, None).verdict == "reproduced"          # the matrix's k=4 alone
+    assert selection_claim(GOOD, sweep(tied)).verdict == "inconclusive"
+    behind = {**TOPK_AHEAD, ("streaming", 0.05): 2.0}
+    assert selection_claim(GOOD, sweep(behind)).verdict == "contradicted"
+
+
+def test_a_sweep_at_another_k_or_budget_adds_nothing():
+    other_k = selection_claim(GOOD, sweep(TOPK_AHEAD, k=4))
+    other_budget = selection_claim(GOOD, sweep({("sparsespec_fixed", 0.2): 1.5, ("streaming", 0.2): 1.0}))
+    for claim in (other_k, other_budget):
+        assert not claim.pooled["comparison"].str.contains("k=16").any()
+        assert (claim.evidence["k"] == 4).all()
 
 
 def test_the_summary_names_each_deciding_estimate_its_interval_and_n():
