@@ -212,6 +212,9 @@ def _sample_row(base: dict, sample: dict) -> dict:
     row["rounds"] = rounds
     row["n_rounds"] = len(rounds)
     row["budget_frac"] = budget_fraction(row.get("budget"), row.get("context_tokens"))
+    for key in ("code", "code_dirty"):      # the code that decoded this sample, where stamped (else its run's)
+        if sample.get(key) is not None:
+            row[key] = sample[key]
     return row
 
 

@@ -11,7 +11,7 @@ import pytest
 from analysis import claims
 from analysis.figures import main as figures_main
 from analysis.load import load_results
-from analysis.provenance import cell_provenance
+from analysis.provenance import PoolingError, cell_provenance, check_poolable
 
 COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
 CODE_1, CODE_2 = "1" * 40, "2" * 40
@@ -20,7 +20,7 @@ SPEED = {"ar": 1.0, "sparsespec": 1.5, "sparsespec_fixed": 1.3, "streaming": 1.1
 
 def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = False, noisy: bool = False,
               ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None,
-              options: dict | None = None) -> None:
+              options: dict | None = None, sample_codes: list | None = None) -> None:
     """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads; without
     `code` its git state is that of a run made before the code fingerprint was recorded."""
     options = options if options is not None else {"k": 4} if method == "sparsespec_fixed" else {}
@@ -30,7 +30,8 @@ def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = F
         tps = ar * SPEED[method] * (1 + 0.02 * (p - 1)) if method != "ar" else ar
         samples.append({"prompt_id": f"{p:03d}", "tokens_per_s": tps, "ar_tokens_per_s": ar, "speedup_vs_ar": tps / ar,
                         "mean_accepted": 1.0 if method == "ar" else 3.0, "outputs_match_ar": None if method == "ar" else True,
-                        "prefill_s": 1.0, "decode_s": 1.0, "rounds": []})
+                        "prefill_s": 1.0, "decode_s": 1.0, "rounds": [],
+                        **({"code": sample_codes[p]} if sample_codes else {})})
     summary = {"run": {"model": "m", "task": "qa", "ctx": ctx, "method": method, "bench": {"noisy": noisy}},
                "config": {"method": {"name": method, "options": options}}, "metrics": {},
                "env": {"cpu": "Synthetic CPU", "git": {"commit": commit, "dirty": dirty}}}
@@ -91,6 +92,24 @@ def test_a_selection_sweep_joins_the_selection_claim_and_the_regenerating_comman
     assert f"python -m analysis.claims {results} --selection {sweep} --publish" in text
     assert "recycled top-K (k=16, budget 5%) / streaming" in text and "recycled top-K (k=16, budget 10%)" in text
     assert f"--selection {sweep} --publish" in readme.read_text()
+
+
+def test_a_method_folder_resumed_on_other_code_is_refused_by_its_samples_codes(tmp_path):
+    """The summary names one code, but a resumed folder's samples were decoded by two: the samples decide."""
+    root = tmp_path / "results"
+    for method in SPEED:
+        codes = [CODE_1, CODE_1, CODE_2] if method == "streaming" else None
+        write_run(root / "chunk" / "0_m_qa_ctx8000" / method, method, code=CODE_1, code_dirty=False, sample_codes=codes)
+    df = load_results(root)
+    assert sorted(df.loc[df["method"] == "streaming", "code"]) == [CODE_1, CODE_1, CODE_2]
+    with pytest.raises(PoolingError, match="from 2 versions of the code"):
+        check_poolable(df)
+    check_poolable(df, allow_mixed_commits=True)
+    one = tmp_path / "one"
+    for method in SPEED:
+        write_run(one / "chunk" / "0_m_qa_ctx8000" / method, method, code=CODE_1, code_dirty=False,
+                  sample_codes=[CODE_1] * 3)
+    check_poolable(load_results(one))
 
 
 def test_claims_and_readme_paths_without_publish_are_refused(tmp_path, capsys):

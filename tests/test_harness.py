@@ -239,6 +239,26 @@ def test_a_crash_mid_run_keeps_every_finished_sample_and_frees_the_folder(tmp_pa
     assert after.startswith(first) and after.count("\n") == 2    # p0 kept as it was, p1 added once
 
 
+@pytest.mark.slow   # two harness runs, ~3 s: `make test`
+def test_a_resume_with_nothing_left_keeps_summary_json_and_samples_name_their_code(tmp_path, hydra_conf, monkeypatch):
+    """The summary of a finished folder describes the sitting that decoded its samples: a resume that
+    decodes nothing must not rewrite it with its own commit, threads and times; each sample names the
+    code that decoded it."""
+    from sparsespec.harness import environment
+    from sparsespec.harness.runner import run
+
+    fake_inputs(monkeypatch, crash_on="p1")
+    with pytest.raises(RuntimeError, match="boom on p1"):
+        run(make(*QUICK), tmp_path)
+    fake_inputs(monkeypatch)
+    assert run(make(*QUICK), tmp_path)["run"]["resumed"] is True          # p1 decoded: a new summary
+    written = (tmp_path / "summary.json").read_bytes()
+    again = run(make(*QUICK), tmp_path)                                      # nothing left to decode
+    assert (tmp_path / "summary.json").read_bytes() == written and again == json.loads(written)
+    code = environment.git_state()["code"]
+    assert [(s["prompt_id"], s["code"]) for s in read_samples(tmp_path)] == [("p0", code), ("p1", code)]
+
+
 @pytest.mark.slow   # two harness runs, ~2.5 s: `make test`
 def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_path, hydra_conf, monkeypatch):
     from sparsespec.harness.runner import run

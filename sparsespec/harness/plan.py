@@ -23,6 +23,8 @@ class MethodRun:
     finished: dict = field(default_factory=dict)   # (prompt_id, label) -> sample
     resumed: bool = False
     tracker: object = None
+    code: dict = field(default_factory=dict)   # env.git's code and code_dirty of this sitting, stamped on each new sample
+    decoded: int = 0                           # samples this sitting added (0: a resume with nothing left to decode)
 
     def __post_init__(self):
         self.samples = SamplesFile(self.spec.folder)

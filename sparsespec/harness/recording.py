@@ -11,7 +11,7 @@ from sparsespec.eos import before_eos, eos_token_ids
 from . import environment
 from .plan import MethodRun, result_names
 from .report import format_bench_table, format_table
-from .results import SUMMARY, aggregate, batch_metrics, build_sample, sample_key, write_json
+from .results import SUMMARY, aggregate, batch_metrics, build_sample, read_json, sample_key, write_json
 from .run_config import AR, RunConfig
 from .tracking import make_tracker
 
@@ -44,9 +44,12 @@ def batch_fields(gens, ref, row: int) -> dict:
 
 
 def record(run: MethodRun, index: int, sample: dict) -> None:
-    """One finished sample: appended to the method's samples.jsonl, kept as finished, logged."""
+    """One finished sample, stamped with the code that decoded it (a resumed folder may hold samples of
+    several sittings): appended to the method's samples.jsonl, kept as finished, logged."""
+    sample.update(run.code)
     run.samples.append(sample)
     run.finished[sample_key(sample)] = sample
+    run.decoded += 1
     run.tracker.log_prompt(index, sample)
 
 
@@ -86,6 +89,15 @@ def summary_of(config: RunConfig, run: MethodRun, samples: list[dict], *, model,
         "config": spec.config,
         "env": environment.collect(device=config.device, dtype=model_dtype(model)),
     }
+
+
+def kept_summary(run: MethodRun) -> dict | None:
+    """The summary.json of a resumed folder this sitting added nothing to: it already describes exactly
+    these samples, and the sitting that decoded them (its code, threads, load), so it is kept as written.
+    None when there is one to write (new samples, or none readable)."""
+    if not run.resumed or run.decoded:
+        return None
+    return read_json(run.spec.folder / SUMMARY)
 
 
 def write_summary(run: MethodRun, summary: dict, samples: list[dict]) -> None:

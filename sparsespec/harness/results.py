@@ -185,6 +185,15 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def read_json(path: Path) -> dict | None:
+    """A JSON object written by write_json; None when missing, unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):        # ValueError: JSONDecodeError and UnicodeDecodeError
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def check_resume(folder: Path, settings: dict) -> bool:
     """Record `settings` unless the folder holds finished samples; then insist they are unchanged.
 

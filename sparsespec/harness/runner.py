@@ -28,7 +28,7 @@ from . import decoding, environment
 from .decoding import decode_all, load_inputs, warm_up
 from .folder_lock import hold_folder
 from .plan import MethodRun, open_results, shared_with
-from .recording import open_trackers, print_table, summary_of, write_summary
+from .recording import kept_summary, open_trackers, print_table, summary_of, write_summary
 from .run_config import AR, RunConfig, build_run_config
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,10 @@ def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
 def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: str | None) -> dict:
     """`run` once the folder is checked and held: resume, load, decode the pending prompts, summarize."""
     runs = [MethodRun(spec) for spec in config.methods]
+    git = environment.git_state()
     for method_run in runs:
         open_results(method_run, config)
+        method_run.code = {"code": git["code"], "code_dirty": git["code_dirty"]}
     torch.manual_seed(config.seed)
     busy_before = environment.cpu_busy_fraction()
     memo = decoding.PREFILL_MEMO
@@ -79,6 +81,11 @@ def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: 
         sharing = shared_with(runs, config)
         for method_run in runs:
             samples = [method_run.finished[(str(p.id), method_run.label)] for p in prompts]
+            kept = kept_summary(method_run)
+            if kept is not None:
+                log.info("%s: nothing left to decode; its summary.json is kept as written", method_run.entry)
+                summaries[method_run.entry] = (kept, samples)
+                continue
             summary = summary_of(config, method_run, samples, model=model, started=started, shared_with=sharing,
                                  bench=bench, cost_prior=cost_priors.get(method_run.entry),
                                  prefills_reused=memo.hits - hits_before,
