@@ -575,9 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         walls = chunk_wall_seconds(Path(args.results))
         check_poolable(df, args.allow_mixed_commits)
         s = samples(df)
-        if sweep_df is not None:
-            check_poolable(sweep_df, args.allow_mixed_commits)
-        sweep = None if sweep_df is None else selection_samples(sweep_df)
+        sweep = None
+        if sweep_df is not None:      # the rows the claim reads: AR and other k are the sweep's own (analysis.selection)
+            swept = sweep_df[sweep_df["k"] == SELECTION_K]
+            check_poolable(swept, args.allow_mixed_commits)
+            sweep = selection_samples(swept)
     except (PoolingError, WallTimesError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -303,18 +303,30 @@ def test_only_the_retrieval_task_passes_its_variant_and_depth_to_the_loader(hydr
     assert task_spec(make("task=qa")).loader_options() == {}
 
 
+def sweep_jobs(args: list[str]) -> list[list[str]]:
+    """The argument list of each job a multirun launches: `task=qa,code` gives one list per task
+    (a value in brackets is a list, not a sweep)."""
+    jobs = [[]]
+    for arg in args:
+        key, _, value = arg.partition("=")
+        values = value.split(",") if "," in value and not value.startswith("[") else [value]
+        jobs = [job + [f"{key}={v}"] for job in jobs for v in values]
+    return jobs
+
+
 @pytest.mark.slow   # composes every chunk of the matrix (~10 s)
 def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_path):
     from sparsespec.harness.run_config import build_run_config
     chunks = matrix_chunks()
     assert {"smollm2_2k", "qwen_16k", "qwen_32k"} <= set(chunks)
     for name, args in chunks.items():
-        cfg = make("experiment=matrix_cpu", *args)
-        check_config(cfg)
-        build_run_config(cfg, tmp_path)
-        # what the claims need in every chunk: the controller beside fixed k, and recycled top-K at
-        # streaming's and SnapKV's k=4 (analysis/claims.py SAME_K_RECYCLED)
-        assert {"sparsespec", "sparsespec_fixed:k=4", "streaming", "snapkv_static"} <= set(cfg.bench.methods), name
+        for job in sweep_jobs(args):
+            cfg = make("experiment=matrix_cpu", *job)
+            check_config(cfg)
+            build_run_config(cfg, tmp_path)
+            # what the claims need in every chunk: the controller beside fixed k, and recycled top-K at
+            # streaming's and SnapKV's k=4 (analysis/claims.py SAME_K_RECYCLED)
+            assert {"sparsespec", "sparsespec_fixed:k=4", "streaming", "snapkv_static"} <= set(cfg.bench.methods), name
     # every chunk sweeps the retrieval task too: where a recent window must miss the evidence
     tasks = OmegaConf.load(CONF / "experiment" / "matrix_cpu.yaml").hydra.sweeper.params.task.split(",")
     assert set(tasks) == {"summarization", "qa", "code", "retrieval"}
