@@ -86,6 +86,8 @@ def test_a_selection_sweep_joins_the_selection_claim_and_the_regenerating_comman
         for budget in (0.05, 0.1):
             write_run(sweep / "k16" / "0_m_qa_ctx8000_bench" / f"{method}-k=16-budget={budget}", method,
                       options={"k": 16, "budget": budget})
+    for k in (4, 16):                # a sweep at each k decodes AR for the same cell: not the claim's rows
+        write_run(sweep / f"k{k}" / "0_m_qa_ctx8000_bench" / "ar", "ar")
     assert claims.main([str(results), "--selection", str(sweep), "--no-figures", "--publish", "--claims", str(doc),
                         "--readme", str(readme)]) == 0
     text = doc.read_text()
