@@ -16,12 +16,12 @@ from sparsespec.harness.run_config import build_run_config
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 # A sample of a batch_size 1 run, field by field as docs/CONTRACTS.md lists them, plus its place in
-# the prompt's run order. Batch fields (batch_size, batch_row, ...) belong to batch_size > 1 only.
+# the prompt's run order and the code that decoded it. Batch fields (batch_size, batch_row, ...) belong to batch_size > 1 only.
 SINGLE_SAMPLE_KEYS = sorted([
     "prompt_id", "model", "task", "source", "method", "ctx", "context_tokens", "new_tokens", "prefill_s",
     "decode_s", "tokens_per_s", "mean_accepted", "acceptance_rate", "time_split", "rounds", "ar_tokens_per_s",
     "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "text", "reference", "score", "depth",
-    "run_position"])
+    "run_position", "code", "code_dirty"])
 
 
 def composed(*overrides: str):
