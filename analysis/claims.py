@@ -37,7 +37,8 @@ from sparsespec.tables import markdown_table
 
 CONTROLLER = "sparsespec"
 FIXED_K = ("sparsespec_fixed k=4", "sparsespec_fixed k=8", "sparsespec_fixed k=16")
-SAME_K_RECYCLED = "sparsespec_fixed k=4"          # recycled top-K at streaming's and SnapKV's default k=4 and budget
+SAME_K = 4                                        # streaming's and SnapKV's default k
+SAME_K_RECYCLED = f"{RECYCLED} k={SAME_K}"       # recycled top-K at their default k and budget
 SIMPLER_DRAFTS = ("streaming", "snapkv_static")
 SELECTION_K = 16                                  # where a selection's misses compound: at k=4 every draft accepts ~5 of 5
 SELECTION_BUDGETS = (0.05, 0.1)                   # 5% and the matrix's default 10%: where the drafts' selections differ
@@ -291,12 +292,11 @@ def claim_selection(s: pd.DataFrame, sweep: pd.DataFrame | None = None) -> Claim
     default budget and, given a budget sweep (`--selection`), k = SELECTION_K at each of SELECTION_BUDGETS,
     where a selection's misses compound. Reproduced only when every pooled comparison is."""
     claim = "Recycled top-K beats a streaming draft and a static SnapKV draft at the same budget"
-    k4 = int(SAME_K_RECYCLED.rsplit("=", 1)[1])
-    records = [{**cell, "k": k4, "budget": "default", "vs": other, SAME_DRAFT_RATIO: fmt_ci(est),
+    records = [{**cell, "k": SAME_K, "budget": "default", "vs": other, SAME_DRAFT_RATIO: fmt_ci(est),
                 "standing": standing(est)}
                for cell, rows in cells(s) for other in SIMPLER_DRAFTS if {SAME_K_RECYCLED, other} <= set(rows["label"])
                for est in [paired_ratio(rows, SAME_K_RECYCLED, other)]]
-    pooled = {f"recycled top-K (k={k4}, default budget) / {o}": pooled_ratio(s, SAME_K_RECYCLED, o)
+    pooled = {f"recycled top-K (k={SAME_K}, default budget) / {o}": pooled_ratio(s, SAME_K_RECYCLED, o)
               for o in SIMPLER_DRAFTS}
     pooled = {what: e for what, e in pooled.items() if e.ratio is not None}
     swept_records, swept = sweep_selection(sweep)
