@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
 import re
 from pathlib import Path
 
@@ -286,13 +287,12 @@ def test_resolved_options_name_the_controller_and_its_k(hydra_conf):
 
 
 def matrix_chunks() -> dict[str, list[str]]:
-    """experiments/run_matrix.sh's chunks, each as the argument list bash passes (unquoted expansion:
-    split on whitespace, quotes inside the value kept for Hydra's grammar)."""
-    script = (CONF.parent / "experiments" / "run_matrix.sh").read_text()
-    chunks = {}
-    for name, single, double in re.findall(r"^\s*\[(\w+)\]=(?:'([^']*)'|\"([^\"]*)\")", script, re.M):
-        chunks[name] = (single or double).split()
-    return chunks
+    """experiments/run_matrix.sh's chunks as bash itself expands them (`--list`), each as the argument
+    list the script passes to run.py (unquoted expansion: split on whitespace, quotes inside the value
+    kept for Hydra's grammar)."""
+    script = CONF.parent / "experiments" / "run_matrix.sh"
+    listing = subprocess.run(["bash", str(script), "--list"], capture_output=True, text=True, check=True).stdout
+    return {name: args.split() for name, _, args in (line.partition("\t") for line in listing.splitlines())}
 
 
 def test_only_the_retrieval_task_passes_its_variant_and_depth_to_the_loader(hydra_conf):
@@ -318,8 +318,15 @@ def sweep_jobs(args: list[str]) -> list[list[str]]:
 def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_path):
     from sparsespec.harness.run_config import build_run_config
     chunks = matrix_chunks()
-    assert {"smollm2_2k", "qwen_16k", "qwen_32k"} <= set(chunks)
+    assert {"smollm2_2k", "qwen_16k", "qwen_16k_12", "qwen_32k", "qwen_32k_12"} <= set(chunks)
+    # the matrix sweeps the retrieval task too (where a recent window must miss the evidence); a chunk
+    # that names no task runs every one
+    tasks = OmegaConf.load(CONF / "experiment" / "matrix_cpu.yaml").hydra.sweeper.params.task
+    assert set(tasks.split(",")) == {"summarization", "qa", "code", "retrieval"}
+    cells = []
     for name, args in chunks.items():
+        if not any(arg.startswith("task=") for arg in args):
+            args = [*args, f"task={tasks}"]
         for job in sweep_jobs(args):
             cfg = make("experiment=matrix_cpu", *job)
             check_config(cfg)
@@ -327,10 +334,9 @@ def test_every_matrix_chunk_composes_and_its_methods_resolve(hydra_conf, tmp_pat
             # what the claims need in every chunk: the controller beside fixed k, and recycled top-K at
             # streaming's and SnapKV's k=4 (analysis/claims.py SAME_K_RECYCLED)
             assert {"sparsespec", "sparsespec_fixed:k=4", "streaming", "snapkv_static"} <= set(cfg.bench.methods), name
-    # every chunk sweeps the retrieval task too: where a recent window must miss the evidence
-    tasks = OmegaConf.load(CONF / "experiment" / "matrix_cpu.yaml").hydra.sweeper.params.task.split(",")
-    assert set(tasks) == {"summarization", "qa", "code", "retrieval"}
-    check_config(make("experiment=matrix_cpu", "task=retrieval", *chunks["qwen_32k"]))
+            cells.append((cfg.model.name, cfg.ctx, cfg.task.name))
+    # running every chunk decodes no cell twice (the analysis refuses a prompt decoded twice in a cell)
+    assert len(cells) == len(set(cells)), sorted(c for c in cells if cells.count(c) > 1)
 
 
 def test_help_lists_every_group_a_user_picks_and_not_the_option_schema(hydra_conf):
