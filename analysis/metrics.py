@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+
 import numpy as np
 
 
@@ -56,7 +58,10 @@ def predicted_ratio(survival: Sequence[float], cost_draft: float, cost_verify: f
                     cost_select: float | None = None) -> np.ndarray:
     """The controller's objective for every prefix length m = 1..k of one round:
     (1 + sum_{j<=m} pi_j) / (m * C_d + C_v + C_s), in expected tokens per second (C_s: the round's KV
-    selection, None in runs that did not trace it: 0)."""
+    selection; 0 in runs that did not trace it, whose None a frame column holding other runs' costs
+    turns into NaN)."""
     survival = np.asarray(survival, dtype=float)
     m = np.arange(1, len(survival) + 1)
-    return (1.0 + np.cumsum(survival)) / (m * float(cost_draft) + float(cost_verify) + float(cost_select or 0.0))
+    untraced = cost_select is None or math.isnan(float(cost_select))
+    return (1.0 + np.cumsum(survival)) / (m * float(cost_draft) + float(cost_verify)
+                                          + (0.0 if untraced else float(cost_select)))

@@ -360,11 +360,14 @@ def efficiency_inversion(df: pd.DataFrame) -> FigureList:
                              .where(own).fillna(group["method"]))
         per_prompt = group.groupby(["k_from", "run", "prompt_id", "drafted"], as_index=False)[
             "round_tokens_per_s"].mean()
+        tops = []
         for k_from, rows_k in per_prompt.groupby("k_from", sort=True):
             stats = geometric_across_prompts(rows_k, ["drafted"], "round_tokens_per_s")
             left.errorbar(stats["drafted"], stats["mean"], yerr=[stats["mean"] - stats["low"], stats["high"] - stats["mean"]],
                           marker="o", capsize=3, label=f"measured, {k_from} (emitted / round time)")
             _mark_best(left, stats["drafted"], stats["mean"])
+            tops.append(stats[["mean", "high"]])
+        _fit_to_means(left, pd.concat(tops))
         left.set_xlabel("draft length k (tokens)")
         left.set_ylabel("tokens / s per round (measured)")
         left.plot([], [], color="0.5", linestyle=":", label="fastest k of each line")
@@ -410,6 +413,17 @@ def _predicted_panel(ax, rounds: pd.DataFrame) -> None:
     ax.set_xlabel("draft length k (tokens)")
     ax.set_ylabel("expected tokens / s (controller's model)")
     legend_outside(ax)
+
+
+def _fit_to_means(ax, stats: pd.DataFrame, headroom: float = 1.5) -> None:
+    """Scale the y axis to the means: a k that few rounds of few prompts drafted has an interval
+    decades wide (n = 3, t = 4.3), which would flatten every other point onto the axis; its bar is cut
+    at the top edge, and the legend says so."""
+    top = headroom * float(stats["mean"].max())
+    if np.isfinite(top) and top > 0 and (stats["high"] > top).any():
+        ax.set_ylim(0, top)
+        ax.plot([], [], linestyle="none", label="bars cut at the top: intervals wider than the axis "
+                                                "(a k drafted in few rounds)")
 
 
 def _mark_best(ax, ks, values) -> None:

@@ -345,9 +345,27 @@ def test_predicted_ratio_is_the_controllers_objective():
     got = predicted_ratio(survival, cost_draft=0.1, cost_verify=1.0)
     want = [(1 + sum(survival[:m])) / (m * 0.1 + 1.0) for m in (1, 2, 3)]
     assert got == pytest.approx(want)
+    # a run that did not trace its selection cost: None, or NaN once a frame column holds other runs' costs
+    assert predicted_ratio(survival, 0.1, 1.0, float("nan")) == pytest.approx(want)
+    assert predicted_ratio(survival, 0.1, 1.0, 0.5) == pytest.approx(
+        [(1 + sum(survival[:m])) / (m * 0.1 + 1.5) for m in (1, 2, 3)])
 
 
 # ---------------------------------------------------------------- figures and tables
+
+def test_efficiency_inversion_axis_follows_the_means_not_an_interval_decades_wide():
+    from matplotlib.figure import Figure
+    from analysis.plots import _fit_to_means
+    ax = Figure().subplots()
+    ax.errorbar([2, 4], [8.0, 10.0], yerr=[[1.0, 9.0], [2.0, 38000.0]])
+    _fit_to_means(ax, pd.DataFrame({"mean": [8.0, 10.0], "high": [10.0, 38010.0]}))
+    assert ax.get_ylim() == (0, 15.0)
+    assert any("bars cut" in line.get_label() for line in ax.get_lines())
+    quiet = Figure().subplots()
+    quiet.errorbar([2, 4], [8.0, 10.0], yerr=[[1.0, 1.0], [2.0, 3.0]])
+    _fit_to_means(quiet, pd.DataFrame({"mean": [8.0, 10.0], "high": [10.0, 13.0]}))
+    assert quiet.get_ylim()[1] < 15.0 and not any("bars cut" in line.get_label() for line in quiet.get_lines())
+
 
 @pytest.mark.slow   # writes every figure (the fixture, ~6 s): `make test`
 def test_every_figure_is_written_as_png_and_pdf(figures_out):
