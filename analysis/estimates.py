@@ -181,10 +181,11 @@ def mixed_estimate(frame: pd.DataFrame, formula: str, param: str, fallback, n_ce
 def blocked_slope(frame: pd.DataFrame, why: str = "") -> Estimate:
     """The blocked fallback of `context_slope`: least squares of each cell's mean log speed-up on log2
     ctx, one intercept per block, with its Student-t interval (no estimate without a residual degree of
-    freedom)."""
+    freedom). Blocks that are the cells themselves (one series, each cell its own block) get one
+    intercept: an intercept per cell would leave nothing for the slope."""
     import statsmodels.formula.api as smf
     means = frame.groupby(["block", "cell"], as_index=False).agg(y=("y", "mean"), x=("x", "first"))
-    formula = "y ~ x + C(block)" if means["block"].nunique() > 1 else "y ~ x"
+    formula = "y ~ x + C(block)" if 1 < means["block"].nunique() < len(means) else "y ~ x"
     fit = smf.ols(formula, means).fit()
     if fit.df_resid < 1:
         return Estimate(None, None, None, len(frame), len(means), how="too few cells for a slope" + why)

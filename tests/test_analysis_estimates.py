@@ -97,6 +97,10 @@ def test_the_blocked_slope_fits_cell_means_with_one_intercept_per_block():
     assert (est.n, est.cells) == (12, 6)
     two = pd.DataFrame([r for r in rows if r["block"] == "s1" and r["x"] < 11.5])
     assert estimates.blocked_slope(two).ratio is None                     # two cells: no residual freedom
+    # one series whose cells are its blocks (context_slope's call per model and task): one intercept
+    series = pd.DataFrame([{**r, "block": r["cell"]} for r in rows if r["block"] == "s1"])
+    alone = estimates.blocked_slope(series)
+    assert alone.ratio == pytest.approx(1.1) and (alone.n, alone.cells) == (6, 3)
 
 
 def test_a_missing_ratio_is_dropped_with_its_cell_label():
