@@ -32,7 +32,6 @@ from analysis.tables import ctx_label
 from sparsespec.tables import markdown_table
 
 MARK_BEGIN, MARK_END = "<!-- selection:begin -->", "<!-- selection:end -->"
-CELL = SELECTION_CELL
 
 
 def budget_table(s: pd.DataFrame) -> pd.DataFrame:
@@ -40,9 +39,9 @@ def budget_table(s: pd.DataFrame) -> pd.DataFrame:
     interval on the log scale), and the run's measured costs: a draft step, a verification and the
     selection per round (ms)."""
     records = []
-    for key, rows in s.groupby([*CELL, "draft", "budget_frac"], sort=True):
+    for key, rows in s.groupby([*SELECTION_CELL, "draft", "budget_frac"], sort=True):
         speedup = estimates.geometric(rows["speedup_vs_ar"])
-        records.append({**dict(zip([*CELL, "draft", "budget"], key)), "n": len(rows),
+        records.append({**dict(zip([*SELECTION_CELL, "draft", "budget"], key)), "n": len(rows),
                         "tokens_per_round": rows["mean_accepted"].mean(), "speedup_vs_ar": speedup.ratio,
                         "low": speedup.low, "high": speedup.high,
                         "c_draft_ms": rows["run_c_draft_s"].mean() * 1e3,
@@ -57,7 +56,7 @@ def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
     run at that budget, over the prompts both decoded: tokens per round of both, on how many prompts
     top-K's was higher, and the paired tokens/s ratio."""
     records = []
-    for key, rows in s.groupby([*CELL, "budget_frac"], sort=True):
+    for key, rows in s.groupby([*SELECTION_CELL, "budget_frac"], sort=True):
         if RECYCLED not in set(rows["draft"]):
             continue
         mine = rows[rows["draft"] == RECYCLED]
@@ -67,7 +66,7 @@ def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
             # under greedy, tokens per round are deterministic: on how many prompts did top-K accept more?
             accepted = pd.merge(mine, theirs, on="prompt_id", suffixes=("_mine", "_theirs"))
             more = int((accepted["mean_accepted_mine"] > accepted["mean_accepted_theirs"]).sum())
-            records.append({**dict(zip([*CELL, "budget"], key)), "vs": other, "prompts": len(accepted),
+            records.append({**dict(zip([*SELECTION_CELL, "budget"], key)), "vs": other, "prompts": len(accepted),
                             "tokens/round (top-K)": accepted["mean_accepted_mine"].mean(),
                             "tokens/round (other)": accepted["mean_accepted_theirs"].mean(),
                             "top-K accepts more on": f"{more} of {len(accepted)} prompts",
@@ -80,7 +79,7 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
     recycled top-K at its best against each other draft at its own best (paired over the prompts both
     decoded)."""
     records = []
-    for key, rows in s.groupby(CELL, sort=True):
+    for key, rows in s.groupby(SELECTION_CELL, sort=True):
         means = rows.groupby(["draft", "budget_frac"])["speedup_vs_ar"].agg(lambda v: estimates.geometric(v).ratio)
         best = {draft: means[draft].idxmax() for draft in means.index.get_level_values(0).unique()}
         if RECYCLED not in best:
@@ -88,7 +87,7 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
         label = lambda draft: f"{draft} b={percent(best[draft])}"     # noqa: E731
         for other in sorted(set(best) - {RECYCLED}):
             ci = paired_ratio(rows, label(RECYCLED), label(other))
-            records.append({**dict(zip(CELL, key)), "vs": other, "top-K best budget": best[RECYCLED],
+            records.append({**dict(zip(SELECTION_CELL, key)), "vs": other, "top-K best budget": best[RECYCLED],
                             "top-K speed-up": means[RECYCLED, best[RECYCLED]], "other best budget": best[other],
                             "other speed-up": means[other, best[other]], "top-K / other": fmt_ci(ci),
                             "standing": standing(ci)})
@@ -98,7 +97,7 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
 def budget_figure(table: pd.DataFrame):
     """Per cell: tokens per round (top) and speed-up over AR (geometric mean, 95% interval on the log
     scale; bottom) against the draft budget, one line per draft."""
-    cells = list(table.groupby(CELL, sort=True))
+    cells = list(table.groupby(SELECTION_CELL, sort=True))
     drafts = sorted(table["draft"].unique())
     colour = {draft: f"C{i % 10}" for i, draft in enumerate(drafts)}
     fig = Figure(figsize=(4.6 * max(1, len(cells)), 7.6), layout="constrained")
