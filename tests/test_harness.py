@@ -546,6 +546,23 @@ def test_an_interrupted_run_counts_what_it_kept_and_says_how_to_resume(tmp_path)
                          f"method=ar,pld hydra.sweep.dir={tmp_path / 'none'}")
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does_with_its_own_exit_code():
+    """run.py's `except KeyboardInterrupt` prints the resume line; SIGTERM must reach it the same way,
+    and exit with the shell's status for SIGTERM (143) where Ctrl-C exits 130."""
+    from sparsespec.harness.interrupted import Terminated, exit_code, stop_like_ctrl_c_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_like_ctrl_c_on_sigterm()
+        with pytest.raises(KeyboardInterrupt) as stop:
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(5)                                   # the handler runs before this returns
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert isinstance(stop.value, Terminated) and not isinstance(stop.value, Exception)
+    assert exit_code(stop.value) == 143 and exit_code(KeyboardInterrupt()) == 130
+
+
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_ctrl_c_is_one_line_exit_130_and_its_command_resumes(tmp_path):
