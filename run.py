@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from sparsespec.errors import ConfigError, UnavailableError, exit_with_error, one_line
 from sparsespec.harness.callbacks import ERROR_FILE
 from sparsespec.harness.contexts import exact_context_overrides
-from sparsespec.harness.interrupted import EXIT_INTERRUPTED, interrupted_line
+from sparsespec.harness.interrupted import exit_code, interrupted_line, stop_like_ctrl_c_on_sigterm
 from sparsespec.harness.option_overrides import check_option_overrides
 
 log = logging.getLogger("run")
@@ -36,11 +36,11 @@ def main(cfg: DictConfig) -> dict | None:
         from sparsespec.harness.runner import run  # torch & co. load only once Hydra has parsed the command line
 
         return run(cfg, folder, group=f"{sweep.parent.name}_{sweep.name}" if multirun else None)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:   # Ctrl-C, or SIGTERM (interrupted.Terminated)
         # every finished sample is already on disk; the same command into the same folder resumes
         print(interrupted_line(sys.argv[0], ARGUMENTS, sweep.resolve() if multirun else folder, multirun),
               file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(exit_code(stop))
     except (ConfigError, UnavailableError) as err:
         if not multirun:
             exit_with_error(err)
@@ -62,6 +62,7 @@ def record_job_error(folder: Path, summary: str, details: str = "") -> None:
 
 
 if __name__ == "__main__":
+    stop_like_ctrl_c_on_sigterm()   # `kill`, scancel and a job's time limit stop a run as Ctrl-C does
     sys.argv[1:] = exact_context_overrides(sys.argv[1:])
     try:
         check_option_overrides(sys.argv[1:])

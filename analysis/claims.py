@@ -27,10 +27,11 @@ import pandas as pd
 
 from analysis import estimates
 from analysis.estimates import NOT_MEASURABLE, Estimate, combined_verdict
-from analysis.frames import (DEPTH_STEP, RECYCLED, RETRIEVAL, fixed_k_inversion, percent, retrieval_by_depth,
-                             selection_samples, with_labels)
+from analysis.frames import (DEPTH_STEP, RECYCLED, RETRIEVAL, SELECTION_CELL, fixed_k_inversion, percent,
+                             retrieval_by_depth, selection_samples, with_labels)
 from analysis.load import results_or_exit
-from analysis.provenance import PoolingError, cell_provenance, check_poolable, duplicate_prompts
+from analysis.provenance import (PoolingError, add_mixed_commits_flag, cell_provenance, check_poolable,
+                                 duplicate_prompts)
 from analysis.tables import ctx_label
 from sparsespec import stats
 from sparsespec.tables import markdown_table
@@ -510,13 +511,16 @@ def replace_block(text: str, block: str, begin: str = MARK_BEGIN, end: str = MAR
 
 
 def report_arguments(argv: list[str] | None, prog: str, description: str, example: str, markdown_name: str,
-                     begin: str, end: str) -> tuple[argparse.Namespace, str | None]:
-    """The command line of a report command (`results`, `--doc`) and the text of the doc whose block it
-    fills (None for `--doc none`), checked before anything is computed or written."""
+                     begin: str, end: str, mixed_commits_flag: bool = False) -> tuple[argparse.Namespace, str | None]:
+    """The command line of a report command (`results`, `--doc`, and `--allow-mixed-commits` where the
+    command checks its cells' code) and the text of the doc whose block it fills (None for `--doc none`),
+    checked before anything is computed or written."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("results", help=f"the sweep's results folder (e.g. {example})")
     parser.add_argument("--doc", default="docs/benchmark.md",
                         help=f"whose generated block to fill; none: only the folder's {markdown_name} and figure")
+    if mixed_commits_flag:
+        add_mixed_commits_flag(parser)
     args = parser.parse_args(argv)
     doc_text = None if args.doc == "none" else text_with_block(Path(args.doc), begin, end, option="--doc")
     return args, doc_text
@@ -548,8 +552,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--selection", help="a draft-budget sweep's results folder (e.g. docs/runs/selection_budget): "
                         f"adds recycled top-K against the simpler drafts at k={SELECTION_K} to the selection claim")
     parser.add_argument("--no-figures", action="store_true", help="skip the figures and cost tables")
-    parser.add_argument("--allow-mixed-commits", action="store_true",
-                        help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
+    add_mixed_commits_flag(parser)
     args = parser.parse_args(argv)
     if not args.publish and (args.claims or args.readme):
         parser.error(f"--claims and --readme name published files; they apply only with {PUBLISH}")
@@ -576,10 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         check_poolable(df, args.allow_mixed_commits)
         s = samples(df)
         sweep = None
-        if sweep_df is not None:      # the rows the claim reads: AR and other k are the sweep's own (analysis.selection)
-            swept = sweep_df[sweep_df["k"] == SELECTION_K]
-            check_poolable(swept, args.allow_mixed_commits)
-            sweep = selection_samples(swept)
+        if sweep_df is not None:      # checked as analysis.selection checks it: cells by k too
+            sweep = selection_samples(sweep_df)
+            check_poolable(sweep, args.allow_mixed_commits, SELECTION_CELL)
     except (PoolingError, WallTimesError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ from tqdm import tqdm  # noqa: E402
 
 from analysis.load import load_results, load_wandb  # noqa: E402
 from analysis.plots import FIGURES, SkipFigure  # noqa: E402
-from analysis.provenance import PoolingError, check_poolable  # noqa: E402
+from analysis.provenance import PoolingError, add_mixed_commits_flag, check_poolable  # noqa: E402
 from analysis.tables import TABLES, write_table  # noqa: E402
 
 
@@ -89,8 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--group", help="W&B run group to load (with --wandb)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"a subset of {sorted({**FIGURES, **TABLES})}")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--allow-mixed-commits", action="store_true",
-                        help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
+    add_mixed_commits_flag(parser)
     return parser.parse_args(argv)
 
 

@@ -246,11 +246,7 @@ def selection_samples(df: pd.DataFrame) -> pd.DataFrame:
     out["draft"] = out["method"].astype(str)
     out["budget_frac"] = out["budget_frac"].round(4)
     out["label"] = [f"{d} b={percent(b)}" for d, b in zip(out["draft"], out["budget_frac"])]
-    twice = out[out.duplicated([*SELECTION_CELL, "label", "prompt_id"], keep=False)]
-    if not twice.empty:          # pairing would silently average the two decodes
-        first = twice.iloc[0]
-        raise SystemExit(f"error: prompt {first['prompt_id']} of {first['label']} (k={first['k']}) at {first['model']}/"
-                         f"{first['task']}/{first['ctx']} appears in more than one run; give analysis.selection one "
-                         f"run per cell and draft (extend a cell by resuming its folder with a larger num_prompts)")
-    return out[[*SELECTION_CELL, "draft", "budget_frac", "label", "prompt_id", "tokens_per_s", "speedup_vs_ar",
-                "mean_accepted", "outputs_match_ar", "run_c_draft_s", "run_c_verify_s", "run_select_s_per_round"]]
+    # a prompt twice in a cell, or a cell of mixed code: analysis.provenance.check_poolable(out, ..., SELECTION_CELL)
+    return out.reindex(columns=[*SELECTION_CELL, "draft", "budget_frac", "label", "prompt_id", "tokens_per_s",
+                                "speedup_vs_ar", "mean_accepted", "outputs_match_ar", "run_c_draft_s", "run_c_verify_s",
+                                "run_select_s_per_round", "run", "commit", "code"])

@@ -1,5 +1,6 @@
 """What may be pooled: the checks every analysis command runs on its results before it computes a
-number, so that `analysis.figures` and `analysis.claims` accept and refuse the same folders.
+number, so that `analysis.figures`, `analysis.claims` and `analysis.selection` accept and refuse the
+same folders (a draft-budget sweep's cells are told apart by k too: analysis.frames.SELECTION_CELL).
 
 - A prompt decoded twice by one method in one cell (a cell run twice: two machines, two batch sizes,
   a rerun beside the first run) is refused: means and paired ratios would silently pool both runs.
@@ -10,6 +11,8 @@ number, so that `analysis.figures` and `analysis.claims` accept and refuse the s
   them) run the same code; a run that predates the fingerprint is judged by its commit.
 """
 from __future__ import annotations
+
+import argparse
 
 import pandas as pd
 
@@ -22,20 +25,24 @@ class PoolingError(ValueError):
     """Results that an analysis would pool wrongly; the message is one line naming the runs."""
 
 
-def cell_name(row) -> str:
-    return f"{row['model']}/{row['task']}/{int(row['ctx'])}"
+def cell_name(row, cell: list[str] = CELL) -> str:
+    """`model/task/ctx`, and `/k=16` for a draft-budget sweep's cell (analysis.frames.SELECTION_CELL)."""
+    return "/".join([f"{row['model']}/{row['task']}/{int(row['ctx'])}",
+                     *(f"{c}={row[c]}" for c in cell if c not in CELL)])
 
 
-def duplicate_prompts(df: pd.DataFrame) -> str | None:
+def duplicate_prompts(df: pd.DataFrame, cell: list[str] = CELL) -> str | None:
     """One line naming a prompt decoded by one method (its label: k and budget included) in more than
     one run of one cell, or None."""
     labelled = df if "label" in df else with_labels(df)
-    twice = labelled[labelled.duplicated([*CELL, "label", "prompt_id"], keep=False)]
+    key = [*cell, "label", "prompt_id"]
+    twice = labelled[labelled.duplicated(key, keep=False)]
     if twice.empty:
         return None
     first = twice.iloc[0]
-    runs = twice[(twice[CELL + ["label", "prompt_id"]] == first[CELL + ["label", "prompt_id"]]).all(axis=1)]["run"]
-    return (f"prompt {first['prompt_id']} of {first['label']} at {cell_name(first)} appears in {runs.nunique()} runs "
+    runs = twice[(twice[key] == first[key]).all(axis=1)]["run"]
+    return (f"prompt {first['prompt_id']} of {first['label']} at {cell_name(first, cell)} appears in "
+            f"{runs.nunique()} runs "
             f"({', '.join(map(str, sorted(runs.unique())))}); give one run per cell and method (a separate results "
             f"folder per machine or batch size)")
 
@@ -71,24 +78,31 @@ def _version_text(version: str, commits: pd.Series) -> str:
     return "an unrecorded commit" if version == UNRECORDED else f"commit {value[:8]} (no code fingerprint)"
 
 
-def mixed_commits(df: pd.DataFrame) -> str | None:
+def mixed_commits(df: pd.DataFrame, cell: list[str] = CELL) -> str | None:
     """One line naming a cell whose runs ran different code (code_versions: by fingerprint, by commit
     where none was recorded) with the fingerprints and commits found, or None."""
     versions = code_versions(df)
-    per_cell = versions.groupby([df[c] for c in CELL]).nunique()
+    per_cell = versions.groupby([df[c] for c in cell]).nunique()
     mixed = per_cell[per_cell > 1]
     if mixed.empty:
         return None
-    (model, task, ctx), count = mixed.index[0], mixed.iloc[0]
-    in_cell = (df[CELL] == [model, task, ctx]).all(axis=1)
+    key, count = mixed.index[0], mixed.iloc[0]
+    in_cell = (df[cell] == list(key)).all(axis=1)
     found = versions[in_cell]
     if found.str.startswith("commit:").all():          # no fingerprint recorded: as many commits as versions
         where = f"at {count} commits ({', '.join(sorted(v.split(':', 1)[1][:8] for v in found.unique()))})"
     else:
         where = (f"from {count} versions of the code (" + "; ".join(
             _version_text(v, df.loc[in_cell & (versions == v), "commit"]) for v in sorted(found.unique())) + ")")
-    return (f"the runs of {model}/{task}/{int(ctx)} were made {where}; rerun the cell at one commit, or pass "
+    return (f"the runs of {cell_name(dict(zip(cell, key)), cell)} were made {where}; rerun the cell at one "
+            f"commit, or pass "
             f"--allow-mixed-commits to pool them ({len(mixed)} cell(s) are mixed)")
+
+
+def add_mixed_commits_flag(parser: argparse.ArgumentParser) -> None:
+    """`--allow-mixed-commits`, for every command that runs check_poolable."""
+    parser.add_argument("--allow-mixed-commits", action="store_true",
+                        help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
 
 
 def nonpositive_speeds(df: pd.DataFrame) -> str | None:
@@ -103,11 +117,12 @@ def nonpositive_speeds(df: pd.DataFrame) -> str | None:
     return None
 
 
-def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False) -> None:
+def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False, cell: list[str] = CELL) -> None:
     """Raise PoolingError when `df` holds a prompt twice in a cell, a speed that is not positive, or
-    (unless allowed) a cell made from several versions of the code (see mixed_commits)."""
-    for problem in (duplicate_prompts(df), nonpositive_speeds(df),
-                    None if allow_mixed_commits else mixed_commits(df)):
+    (unless allowed) a cell made from several versions of the code (see mixed_commits). `cell`: the
+    columns that make a cell (a draft-budget sweep's add k: analysis.frames.SELECTION_CELL)."""
+    for problem in (duplicate_prompts(df, cell), nonpositive_speeds(df),
+                    None if allow_mixed_commits else mixed_commits(df, cell)):
         if problem:
             raise PoolingError(problem)
 

@@ -28,6 +28,7 @@ from analysis import estimates
 from analysis.claims import fmt_ci, paired_ratio, report_arguments, standing, write_report
 from analysis.frames import RECYCLED, SELECTION_CELL, percent, selection_samples
 from analysis.load import results_or_exit
+from analysis.provenance import PoolingError, check_poolable
 from analysis.tables import ctx_label
 from sparsespec.tables import markdown_table
 
@@ -155,8 +156,14 @@ def document(s: pd.DataFrame, results: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args, doc_text = report_arguments(argv, "python -m analysis.selection", __doc__.split("\n")[0],
-                                      "docs/runs/selection_budget", "selection.md", MARK_BEGIN, MARK_END)
+                                      "docs/runs/selection_budget", "selection.md", MARK_BEGIN, MARK_END,
+                                      mixed_commits_flag=True)
     s = selection_samples(results_or_exit(args.results))
+    try:   # a prompt twice in a cell, a speed that is not positive, a cell of mixed code: as analysis.claims refuses
+        check_poolable(s, args.allow_mixed_commits, SELECTION_CELL)
+    except PoolingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     full, block = document(s, args.results)
     print(write_report(Path(args.results), "selection.md", full, budget_figure(budget_table(s)), "selection_budget",
                        args.doc, doc_text, block, MARK_BEGIN, MARK_END))

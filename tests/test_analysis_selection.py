@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis import selection
+from analysis.frames import SELECTION_CELL
+from analysis.provenance import PoolingError, check_poolable
 
 AR = 10.0
 SPEED = {("sparsespec_fixed", 0.02): 1.5, ("streaming", 0.02): 1.0,     # top-K holds, the window collapses
@@ -26,7 +28,8 @@ def frame(prompts: int = 3) -> pd.DataFrame:
                          "budget": budget, "budget_frac": budget, "prompt_id": f"{p:03d}", "tokens_per_s": tps,
                          "speedup_vs_ar": tps / (AR * (1 + 0.1 * p)), "mean_accepted": 1 + 2 * factor,
                          "outputs_match_ar": True, "run_c_draft_s": 0.04 + budget / 10, "run_c_verify_s": 0.3,
-                         "run_select_s_per_round": 0.005})
+                         "run_select_s_per_round": 0.005, "run": "sweep/0_m_qa_ctx8000", "commit": "a" * 40,
+                         "code": "code-1"})
     rows.append({**rows[0], "method": "ar", "budget": float("nan"), "budget_frac": float("nan")})
     return pd.DataFrame(rows)
 
@@ -87,8 +90,34 @@ def test_each_draft_is_compared_at_its_own_best_budget():
 
 def test_a_prompt_decoded_twice_by_one_draft_is_an_error_not_an_average():
     df = frame()
-    with pytest.raises(SystemExit, match="prompt 000 of streaming b=2% .* more than one run"):
-        selection.selection_samples(pd.concat([df, df[df["method"] == "streaming"].head(1)]))
+    again = df[df["method"] == "streaming"].head(1).assign(run="rerun/0_m_qa_ctx8000")
+    with pytest.raises(PoolingError, match="prompt 000 of streaming b=2% at m/qa/8000/k=4 appears in 2 runs"):
+        check_poolable(selection.selection_samples(pd.concat([df, again])), cell=SELECTION_CELL)
+
+
+def test_a_selection_cell_of_mixed_code_is_refused_but_two_k_sweeps_are_two_cells():
+    df = frame()
+    mixed = df.assign(code=np.where(df["method"] == "streaming", "code-2", "code-1"))
+    with pytest.raises(PoolingError, match="runs of m/qa/8000/k=4 were made from 2 versions of the code"):
+        check_poolable(selection.selection_samples(mixed), cell=SELECTION_CELL)
+    check_poolable(selection.selection_samples(mixed), allow_mixed_commits=True, cell=SELECTION_CELL)
+    at_16 = df.assign(k=16.0, code="code-2", run="sweep_k16/0_m_qa_ctx8000")
+    check_poolable(selection.selection_samples(pd.concat([df, at_16])), cell=SELECTION_CELL)   # k=4 and k=16 apart
+
+
+def test_the_selection_command_refuses_an_unpoolable_sweep_in_one_line_before_writing(tmp_path, monkeypatch, capsys):
+    df = frame()
+    again = df[df["method"] == "streaming"].head(1).assign(run="rerun/0_m_qa_ctx8000")
+    monkeypatch.setattr(selection, "results_or_exit", lambda folder: pd.concat([df, again]))
+    assert selection.main([str(tmp_path), "--doc", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: prompt 000 of streaming b=2% at m/qa/8000/k=4") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+    mixed = df.assign(code=np.where(df["method"] == "streaming", "code-2", "code-1"))
+    monkeypatch.setattr(selection, "results_or_exit", lambda folder: mixed)
+    assert selection.main([str(tmp_path), "--doc", "none"]) == 2 and "--allow-mixed-commits" in capsys.readouterr().err
+    assert selection.main([str(tmp_path), "--doc", "none", "--allow-mixed-commits"]) == 0
+    assert (tmp_path / "selection.md").exists()
 
 
 def test_results_without_a_budgeted_draft_exit_with_one_line():

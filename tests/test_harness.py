@@ -259,6 +259,23 @@ def test_a_resume_with_nothing_left_keeps_summary_json_and_samples_name_their_co
     assert [(s["prompt_id"], s["code"]) for s in read_samples(tmp_path)] == [("p0", code), ("p1", code)]
 
 
+@pytest.mark.slow   # a harness run, ~3 s: `make test`
+def test_a_commit_made_mid_run_leaves_summary_and_samples_naming_the_same_code(tmp_path, hydra_conf, monkeypatch):
+    """The git state is read once, as the run starts: a commit made while it decodes (results committed
+    beside a long run) must not relabel its summary.json with code that decoded none of its samples."""
+    from sparsespec.harness import environment
+    from sparsespec.harness.runner import run
+
+    states = iter([{"commit": "a" * 40, "dirty": False, "code": "code-at-start", "code_dirty": False}])
+    later = {"commit": "b" * 40, "dirty": False, "code": "code-after-a-commit", "code_dirty": False}
+    monkeypatch.setattr(environment, "git_state", lambda repo=None: next(states, later))
+    fake_inputs(monkeypatch)
+    summary = run(make(*QUICK), tmp_path)
+    assert summary["env"]["git"]["commit"] == "a" * 40 and summary["env"]["git"]["code"] == "code-at-start"
+    assert json.loads((tmp_path / "summary.json").read_text())["env"]["git"]["code"] == "code-at-start"
+    assert {s["code"] for s in read_samples(tmp_path)} == {"code-at-start"}
+
+
 @pytest.mark.slow   # two harness runs, ~2.5 s: `make test`
 def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_path, hydra_conf, monkeypatch):
     from sparsespec.harness.runner import run
@@ -527,6 +544,23 @@ def test_an_interrupted_run_counts_what_it_kept_and_says_how_to_resume(tmp_path)
     line = interrupted_line("run.py", ["-m", "method=ar,pld", "hydra.sweep.dir=x"], tmp_path / "none", True)
     assert line.endswith(f"0 finished samples kept in {tmp_path / 'none'}; resume with: python run.py -m "
                          f"method=ar,pld hydra.sweep.dir={tmp_path / 'none'}")
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_with_its_own_exit_code():
+    """run.py's `except KeyboardInterrupt` prints the resume line; SIGTERM must reach it the same way,
+    and exit with the shell's status for SIGTERM (143) where Ctrl-C exits 130."""
+    from sparsespec.harness.interrupted import Terminated, exit_code, stop_like_ctrl_c_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_like_ctrl_c_on_sigterm()
+        with pytest.raises(KeyboardInterrupt) as stop:
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(5)                                   # the handler runs before this returns
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert isinstance(stop.value, Terminated) and not isinstance(stop.value, Exception)
+    assert exit_code(stop.value) == 143 and exit_code(KeyboardInterrupt()) == 130
 
 
 @pytest.mark.slow

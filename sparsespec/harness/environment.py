@@ -80,13 +80,15 @@ def gpu_info() -> dict:
             "cuda": torch.version.cuda}
 
 
-def collect(*, device: str, dtype: str) -> dict:
+def collect(*, device: str, dtype: str, git: dict | None = None) -> dict:
+    """Where this process runs. `git`: the git state read when the run started (a commit made while it
+    decodes must not relabel its summary); None: read it now."""
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "packages": package_versions(),
-        "git": git_state(),
+        "git": git_state() if git is None else git,
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -1,12 +1,31 @@
-"""What a run stopped by Ctrl-C says: one line with the samples kept and the command that resumes it."""
+"""What a run stopped by Ctrl-C or SIGTERM (`kill`, SLURM's scancel or time limit) says: one line with the
+samples kept and the command that resumes it, and the shell's exit status for that signal."""
 from __future__ import annotations
 
 import shlex
+import signal
 from pathlib import Path
 
 from .results import SAMPLES
 
-EXIT_INTERRUPTED = 130   # the shell's code for a process ended by SIGINT (128 + 2)
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the run is, so it stops as Ctrl-C stops it (a KeyboardInterrupt is no
+    Exception: no `except Exception` on the way swallows it)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def stop_like_ctrl_c_on_sigterm() -> None:
+    """From now on SIGTERM raises Terminated in the main thread instead of ending the process silently."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The shell's status for a process ended by the signal: 128 + 15 for SIGTERM, 128 + 2 for Ctrl-C."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 def kept_samples(folder: Path) -> int:

@@ -23,7 +23,7 @@ class MethodRun:
     finished: dict = field(default_factory=dict)   # (prompt_id, label) -> sample
     resumed: bool = False
     tracker: object = None
-    code: dict = field(default_factory=dict)   # env.git's code and code_dirty of this sitting, stamped on each new sample
+    git: dict = field(default_factory=dict)    # environment.git_state() read once as the sitting starts
     decoded: int = 0                           # samples this sitting added (0: a resume with nothing left to decode)
 
     def __post_init__(self):
@@ -40,6 +40,11 @@ class MethodRun:
     @property
     def label(self) -> str:
         return self.spec.label
+
+    @property
+    def code(self) -> dict:
+        """This sitting's code and code_dirty, stamped on each new sample."""
+        return {"code": self.git.get("code"), "code_dirty": self.git.get("code_dirty")}
 
     def done(self, prompt) -> bool:
         return (str(prompt.id), self.label) in self.finished

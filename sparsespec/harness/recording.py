@@ -87,7 +87,7 @@ def summary_of(config: RunConfig, run: MethodRun, samples: list[dict], *, model,
                 "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "metrics": {**aggregate(samples), **batch_metrics(samples)},
         "config": spec.config,
-        "env": environment.collect(device=config.device, dtype=model_dtype(model)),
+        "env": environment.collect(device=config.device, dtype=model_dtype(model), git=run.git or None),
     }
 
 

@@ -54,7 +54,7 @@ def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: 
     git = environment.git_state()
     for method_run in runs:
         open_results(method_run, config)
-        method_run.code = {"code": git["code"], "code_dirty": git["code_dirty"]}
+        method_run.git = git   # summary.json and every sample name the code as the sitting starts
     torch.manual_seed(config.seed)
     busy_before = environment.cpu_busy_fraction()
     memo = decoding.PREFILL_MEMO
