@@ -8,10 +8,14 @@
 #   ARGS="prefill_cache_dir=$HOME/.cache/sparsespec/prefill" bash experiments/run_matrix.sh qwen_32k_12
 #                                                  # extra run.py arguments for every chunk (here: keep each
 #                                                  # prompt's prefill on disk, so a rerun after a kill skips it)
-# Wall time of each chunk is appended to docs/runs/matrix/wall_times.tsv.
+#   RESULTS=docs/runs/pending bash experiments/run_matrix.sh qwen_32k_12
+#                                                  # a chunk too long for one sitting, kept where no analysis
+#                                                  # reads it until complete (then git mv it into docs/runs/matrix)
+# Wall time of each chunk is appended to $RESULTS/wall_times.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+RESULTS=${RESULTS:-docs/runs/matrix}   # where the chunks go; the claims read docs/runs/matrix
 # what the claims compare (analysis/claims.py): the controller, every fixed k, and streaming/SnapKV at k=4
 CLAIM_METHODS='[sparsespec,"sparsespec_fixed:k=4","sparsespec_fixed:k=8","sparsespec_fixed:k=16",streaming,snapkv_static]'
 declare -A CHUNK=(
@@ -36,11 +40,11 @@ if [[ "${1:-}" == --list ]]; then
   for name in "${ORDER[@]}"; do printf '%s\t%s\n' "$name" "${CHUNK[$name]}"; done
   exit 0
 fi
-mkdir -p docs/runs/matrix
+mkdir -p "$RESULTS"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -n "${CHUNK[$name]:-}" ]] || { echo "unknown chunk '$name'; accepted: ${ORDER[*]}" >&2; exit 2; }
   start=$(date +%s)
   # shellcheck disable=SC2086
-  $PY run.py experiment=matrix_cpu ${CHUNK[$name]} ${ARGS:-} hydra.sweep.dir=docs/runs/matrix/$name
-  printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" >> docs/runs/matrix/wall_times.tsv
+  $PY run.py experiment=matrix_cpu ${CHUNK[$name]} ${ARGS:-} hydra.sweep.dir=$RESULTS/$name
+  printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" >> "$RESULTS/wall_times.tsv"
 done
