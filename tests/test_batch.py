@@ -23,16 +23,20 @@ from test_sampling import VOCAB, enumerate_outputs, model_distribution, total_va
 NEW = 32
 LENGTHS = (300, 90, 200, 40)    # past the 64-token sliding window and below it; 40 < every budget: dense
 
-TINY_BUDGET = dict(sink=2, recent=4, topk=4)
+TINY_BUDGET = dict(sink=2, recent=4, topk=4)      # 10 of 300 positions: drafts almost always rejected
+# 74 of 300 positions: acceptance mid-range on every architecture, so the sequences of a batch accept
+# different counts in one round (at TINY_BUDGET nearly every round accepts 0 on every sequence, and whether
+# one round differs turns on float rounding, which differs between CPUs)
+MIXED_BUDGET = dict(sink=2, recent=8, topk=64)
 MID_BUDGET = dict(sink=4, recent=16, budget=0.2)
 CASES = {
     "ar": ("ar", {}),
-    "sparsespec-fixed-tiny": ("sparsespec", dict(controller="fixed", k=4, **TINY_BUDGET)),
+    "sparsespec-fixed-mixed": ("sparsespec", dict(controller="fixed", k=4, **MIXED_BUDGET)),
     "sparsespec-entropy-mid": ("sparsespec", dict(controller="entropy", **MID_BUDGET)),
     "sparsespec-fixed-over": ("sparsespec", dict(controller="fixed", k=5, budget=10_000, draft_weights="full")),
     "streaming": ("streaming", dict(k=4, sink=2, budget=24)),
     "snapkv_static": ("snapkv_static", dict(k=4, **MID_BUDGET)),
-    "h2o-fixed-tiny": ("h2o", dict(controller="fixed", k=3, **TINY_BUDGET)),
+    "h2o-fixed-mixed": ("h2o", dict(controller="fixed", k=3, **MIXED_BUDGET)),
     "pld": ("pld", dict(k=5)),
     "layerskip": ("layerskip", dict(k=3, exit_layer=2)),
     "layerskip-entropy": ("layerskip", dict(controller="entropy", exit_layer=3, draft_weights="full")),
@@ -70,7 +74,7 @@ def test_batch_greedy_is_token_identical_to_ar_alone(references, arch, case):
         assert gen.prompt_tokens == LENGTHS[b]
         assert 1 + sum(r.emitted for r in gen.rounds) == len(gen.tokens) == NEW
         assert all(0 <= r.accepted <= r.drafted for r in gen.rounds)
-    if case.endswith("-tiny"):    # sequences accept different counts in a round, and drafts get rejected
+    if case.endswith("-mixed"):    # sequences accept different counts in a round, and drafts get rejected
         assert any(r.accepted < r.drafted for g in gens for r in g.rounds)
         assert any(len({g.rounds[i].accepted for g in gens if len(g.rounds) > i}) > 1
                    for i in range(min(len(g.rounds) for g in gens)))
@@ -86,7 +90,7 @@ def test_batch_from_shared_prefills_is_token_identical(references, arch):
     """Every batched method decoding from one shared prefill per prompt (what the harness's batch
     mode does) emits exactly what it emits after its own prefills, and what AR emits alone."""
     model, prompts, alone = references[arch]
-    methods = {case: CASES[case] for case in ("sparsespec-fixed-tiny", "sparsespec-entropy-mid", "streaming",
+    methods = {case: CASES[case] for case in ("sparsespec-fixed-mixed", "sparsespec-entropy-mid", "streaming",
                                               "snapkv_static", "pld", "layerskip", "ar")}
     starts = [sparsespec.prefill(model, p, methods=methods, max_new_tokens=NEW) for p in prompts]
     for case, (method, options) in methods.items():
