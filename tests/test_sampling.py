@@ -231,7 +231,8 @@ def test_the_exact_check_catches_a_biased_acceptance_rule(tiny_vocab, monkeypatc
     dist = loop_distribution(model, prompt, "sparsespec", **DRAFTING["sparsespec"])
     tv = total_variation(dist, exact)
     assert tv > 100 * TOLERANCE, tv
-    assert max(marginal_tvs(dist, exact)) < 0.05, tv         # a small bias, still far above the tolerance
+    worst_marginal = max(marginal_tvs(dist, exact))
+    assert worst_marginal < 0.05, worst_marginal             # a small bias, still far above the tolerance
 
 
 def test_sampling_is_reproducible_with_a_seed():
