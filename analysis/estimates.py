@@ -146,7 +146,9 @@ def context_slope(speedups: pd.Series, ctx: pd.Series, blocks: pd.Series, cells:
     """The factor by which the speed-up changes per doubling of context: exp of the slope of log
     speed-up on log2 ctx, with a random intercept per block (and `cells` nested in the blocks as a
     variance component, when given). `n` counts prompts, `cells` the distinct contexts x blocks.
-    Fewer than 3 cells (two contexts cannot tell a slope from noise between cells): no estimate."""
+    Fewer than 3 cells (two contexts cannot tell a slope from noise between cells): no estimate. A fit
+    that puts the variance between cells at 0 gives way to least squares over cell means (`blocked_slope`):
+    a handful of cells cannot show that spread is absent, and the slope varies only between cells."""
     keep = speedups.notna().to_numpy()
     speedups, ctx, blocks = speedups[keep], ctx[keep], blocks[keep]
     cells = None if cells is None else cells[keep]
@@ -158,13 +160,19 @@ def context_slope(speedups: pd.Series, ctx: pd.Series, blocks: pd.Series, cells:
     if n_cells < 3 or frame["x"].nunique() < 2:
         return Estimate(None, None, None, len(frame), n_cells)
     nested = cells is not None and frame["block"].nunique() < n_cells
-    return mixed_estimate(frame, "y ~ x", "x", blocked_slope, n_cells, groups="block",
-                          vc_formula={"cell": "0 + C(cell)"} if nested else None)
+    est = mixed_estimate(frame, "y ~ x", "x", blocked_slope, n_cells, groups="block",
+                         vc_formula={"cell": "0 + C(cell)"} if nested else None)
+    if est.how == BOUNDARY:   # no spread between cells estimated: its SE would count prompts, not the cells the slope rests on
+        return blocked_slope(frame, why=" (the mixed model put the variance between cells at 0)")
+    return est
 
 
 def mixed_estimate(frame: pd.DataFrame, formula: str, param: str, fallback, n_cells: int, **fit_options) -> Estimate:
     """exp of `param`'s mixed-model estimate with its 95% interval; `fallback(frame, why=...)` instead
     when the fit is singular, gives no standard error, or does not converge."""
+    # statsmodels' optimizer can land on a different optimum (or none) for the same rows in another
+    # order, so the rows are fitted in one canonical order: the estimate depends on the data alone
+    frame = frame.sort_values(sorted(frame.columns), kind="mergesort").reset_index(drop=True)
     try:
         fit = _mixed_fit(frame, formula, **fit_options)
     except np.linalg.LinAlgError:
@@ -206,11 +214,15 @@ def _mixed_fit(frame: pd.DataFrame, formula: str, groups: str, vc_formula: dict 
         model = smf.mixedlm(formula, frame, groups=frame[groups], vc_formula=vc_formula,
                             re_formula="1")
         fit = model.fit(reml=True)          # statsmodels' optimizers in turn (bfgs, then lbfgs) until one converges
+        fit.bse_fe                          # computed lazily: a negative variance's sqrt warns here, not in the caller
     fit.warned = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
     return fit
+
+
+BOUNDARY = "mixed model (a variance at 0)"
 
 
 def _how(fit) -> str:
     """`mixed model`, noting a variance estimated at 0 (no spread between cells: the fit then pools those
     prompts as one sample)."""
-    return "mixed model (a variance at 0)" if any("boundary" in w for w in fit.warned) else "mixed model"
+    return BOUNDARY if any("boundary" in w for w in fit.warned) else "mixed model"

@@ -87,6 +87,41 @@ def test_context_slope_recovers_the_change_per_doubling():
     assert estimates.context_slope(two_contexts["speedup"], two_contexts["ctx"], cell[two_contexts.index]).ratio is None
 
 
+def three_cells_of_one_series(seed: int = 14) -> pd.DataFrame:
+    """3, 3 and 12 prompts at 2K, 4K and 8K, each cell at its own random level (a series like a model's QA
+    task with one cell of 12 prompts): a shape where statsmodels' optimizer depends on the rows' order."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for ctx, n in ((2000, 3), (4000, 3), (8000, 12)):
+        level = rng.normal(0.3, 0.1)
+        rows += [{"ctx": ctx, "speedup": float(np.exp(level + rng.normal(0, 0.15)))} for _ in range(n)]
+    df = pd.DataFrame(rows)
+    return df.assign(cell="qa/" + df["ctx"].astype(str))
+
+
+def test_the_context_slope_depends_on_the_rows_and_not_on_their_order():
+    df = three_cells_of_one_series()
+    fits = set()
+    for order in range(5):
+        d = df.sample(frac=1, random_state=order) if order else df
+        est = estimates.context_slope(d["speedup"], d["ctx"], d["cell"])
+        fits.add((est.text(), est.how, est.verdict()))
+    assert len(fits) == 1, fits
+
+
+def test_a_slope_whose_fit_finds_no_spread_between_cells_rests_on_the_cell_means(monkeypatch):
+    """A boundary fit's interval counts prompts; the slope varies only between cells, so their means decide."""
+    df = three_cells_of_one_series()
+    boundary = Estimate(1.17, 1.14, 1.20, len(df), 3, 0.001, how=estimates.BOUNDARY)
+    monkeypatch.setattr(estimates, "mixed_estimate", lambda *args, **kwargs: boundary)
+    est = estimates.context_slope(df["speedup"], df["ctx"], df["cell"])
+    means = df.groupby("ctx")["speedup"].apply(lambda v: np.log(v).mean())
+    slope = np.polyfit(np.log2(means.index.to_numpy(dtype=float)), means.to_numpy(), 1)[0]
+    assert est.ratio == pytest.approx(math.exp(slope))
+    assert est.how.startswith("least squares over cell means") and "variance between cells at 0" in est.how
+    assert est.high - est.low > boundary.high - boundary.low
+
+
 def test_the_blocked_slope_fits_cell_means_with_one_intercept_per_block():
     """The fallback when the mixed model cannot fit: 1.1 per doubling in both series, whatever their level."""
     rows = [{"y": math.log(base * 1.1 ** math.log2(ctx / 1000) * j), "x": math.log2(ctx), "block": b,
