@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from analysis import paper
 from analysis.frames import (across_prompts, chosen_k_rounds, draft_tokens_frame, fixed_k_inversion,
@@ -155,7 +156,11 @@ def speedup_vs_depth(df: pd.DataFrame) -> FigureList:
         speculative_rows = group[group["label"] != "ar"]
         errorbar_lines(left, speculative_rows.rename(columns={"speedup": "mean"}), "depth_pct", "label", err="log95")
         left.axhline(1.0, color="0.3", linestyle="--", linewidth=1)
-        left.set_ylabel("decode speed-up over AR (×, geometric mean)")
+        # log axis: a bin holds a prompt or two, so its interval can span 100x, which a linear axis
+        # draws as one bar flattening every point; on the log scale the interval is symmetric, as computed
+        left.set_yscale("log")
+        left.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}×"))
+        left.set_ylabel("speed-up over AR (geo. mean, log scale)")
         for label, line in [*speculative_rows.groupby("label", sort=True), ("ar", group[group["label"] == "ar"])]:
             line = line.sort_values("depth_pct")          # same order as the left panel: the same colours
             style = {"color": "0.2", "linestyle": "--"} if label == "ar" else {}

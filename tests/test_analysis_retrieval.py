@@ -103,6 +103,15 @@ def test_the_depth_figure_is_drawn_when_retrieval_samples_exist_and_not_otherwis
     assert drawn == [f"speedup_vs_depth__{MODEL}__retrieval__{CTX}.{ext}" for ext in ("pdf", "png")]
 
 
+def test_the_depth_figure_draws_speed_up_on_a_log_axis_where_few_prompt_intervals_stay_readable(tmp_path):
+    from analysis import plots
+    write_retrieval(tmp_path / "runs")
+    [(name, fig)] = plots.speedup_vs_depth(load_results(tmp_path / "runs"))
+    speed, match = fig.axes[:2]
+    assert speed.get_yscale() == "log" and match.get_yscale() == "linear"
+    assert "log scale" in speed.get_ylabel()
+
+
 def test_the_claims_show_retrieval_with_its_exact_match_beside_speed_and_judge_the_three_tasks(tmp_path):
     write_retrieval(tmp_path / "runs")
     write_claimed_tasks(tmp_path / "runs")
