@@ -351,8 +351,9 @@ class WallTimesError(ValueError):
 
 
 def chunk_wall_seconds(results: Path) -> dict[str, float]:
-    """Wall seconds of each chunk, summed over its logged sittings ({} without the file). A sitting
-    that was killed logs nothing, so a resumed chunk shows the sittings that finished."""
+    """Wall seconds of each chunk, summed over its logged sittings ({} without the file). run_matrix.sh
+    logs a sitting when its run.py exits, stopped or not; one whose shell was killed too logs nothing,
+    so a chunk shows the sittings that were logged (and committed)."""
     path = Path(results) / WALL_TIMES
     if not path.is_file():
         return {}
