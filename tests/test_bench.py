@@ -134,7 +134,7 @@ def test_the_cost_profile_decodes_from_the_first_prompts_shared_prefill(bench, t
 
 
 @pytest.mark.slow   # three whole benchmark runs (~14 s)
-def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, tmp_path):
+def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, tmp_path, capsys):
     run, calls = bench
     cell = tmp_path / "cell"
     run(cell, "cost_profile=false")       # the profile is tested above; here it only costs time
@@ -142,7 +142,10 @@ def test_a_benchmark_resumes_per_method_without_redoing_finished_prompts(bench, 
     killed.write_text(killed.read_text().splitlines(keepends=True)[0])
     before = {f: (cell / f / "samples.jsonl").read_text() for f in FOLDERS if f != "pld"}
     calls.clear()
+    capsys.readouterr()
     run(cell, "cost_profile=false")
+    bar = capsys.readouterr().err
+    assert "| 1/2 [" in bar and "| 0/2 [" not in bar       # the bar starts at the prompt every method kept
     # prompt p1 only: AR as reference, and pld
     assert [(n, seed, sorted(d)) for n, seed, d in calls] == [(300, 1, sorted([REFERENCE, "pld"]))]
     assert all((cell / f / "samples.jsonl").read_text() == text for f, text in before.items())

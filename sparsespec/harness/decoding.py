@@ -129,14 +129,18 @@ def decode_all(model, tokenizer, prompts, runs: list[MethodRun], config: RunConf
     desc = f"{'bench' if config.bench else runs[0].label} x {config.task.name}"
     if config.batch_size > 1:
         desc = f"batches of {config.batch_size} x {config.task.name}"
-    bar = tqdm(batches(len(prompts), config.batch_size), unit="prompt" if config.batch_size == 1 else "batch", desc=desc)
-    for rows in bar:
-        todo = [r for r in runs if not all(r.done(prompts[i]) for i in rows)]
-        if todo:
+    every = batches(len(prompts), config.batch_size)
+    kept = sum(all(r.done(prompts[i]) for r in runs for i in rows) for rows in every)   # a resumed run's finished batches
+    with tqdm(total=len(every), initial=kept, unit="prompt" if config.batch_size == 1 else "batch", desc=desc) as bar:
+        for rows in every:
+            todo = [r for r in runs if not all(r.done(prompts[i]) for i in rows)]
+            if not todo:
+                continue
             decode_rows(model, tokenizer, prompts, rows, todo, runs, config, cost_priors)
-        last = runs[-1].finished[(str(prompts[rows[-1]].id), runs[-1].label)]
-        bar.set_postfix_str(f"{last['tokens_per_s']:.1f} tok/s"
-                            + (f", {last['speedup_vs_ar']:.2f}x" if last["speedup_vs_ar"] else ""))
+            last = runs[-1].finished[(str(prompts[rows[-1]].id), runs[-1].label)]
+            bar.set_postfix_str(f"{last['tokens_per_s']:.1f} tok/s"
+                                + (f", {last['speedup_vs_ar']:.2f}x" if last["speedup_vs_ar"] else ""), refresh=False)
+            bar.update(1)
 
 
 def decode_rows(model, tokenizer, prompts, rows: list[int], todo: list[MethodRun], runs: list[MethodRun],
