@@ -129,11 +129,12 @@ def decode_all(model, tokenizer, prompts, runs: list[MethodRun], config: RunConf
     desc = f"{'bench' if config.bench else runs[0].label} x {config.task.name}"
     if config.batch_size > 1:
         desc = f"batches of {config.batch_size} x {config.task.name}"
-    every = batches(len(prompts), config.batch_size)
-    kept = sum(all(r.done(prompts[i]) for r in runs for i in rows) for rows in every)   # a resumed run's finished batches
-    with tqdm(total=len(every), initial=kept, unit="prompt" if config.batch_size == 1 else "batch", desc=desc) as bar:
-        for rows in every:
-            todo = [r for r in runs if not all(r.done(prompts[i]) for i in rows)]
+    # (rows, runs not done with them) per batch; batches share no prompt, so decoding one leaves the rest as listed
+    plan = [(rows, [r for r in runs if not all(r.done(prompts[i]) for i in rows)])
+            for rows in batches(len(prompts), config.batch_size)]
+    kept = sum(not todo for _, todo in plan)        # a resumed run's finished batches: the bar starts there
+    with tqdm(total=len(plan), initial=kept, unit="prompt" if config.batch_size == 1 else "batch", desc=desc) as bar:
+        for rows, todo in plan:
             if not todo:
                 continue
             decode_rows(model, tokenizer, prompts, rows, todo, runs, config, cost_priors)
