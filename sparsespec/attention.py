@@ -123,6 +123,30 @@ def grouped_sdpa(query, key, value, scaling, mask=None) -> torch.Tensor:
     return out.view(b, h, q, -1).transpose(1, 2).contiguous()              # (B, q, H, Dv)
 
 
+# --- one query per sequence: the AR step ---------------------------------------------------------
+
+# The ways one unmasked query per sequence (an AR step, and every k = 0 round) can attend. Which is
+# fastest depends on the machine, the context and the GQA ratio, so the harness measures them
+# (`ar_variants`, sparsespec/harness) and library callers may choose (`generate(ar_attention=...)`).
+AR_ATTENTION = ("packed_sdpa", "packed_matmul", "sdpa")
+# transformers' own q = 1 packing: SDPA over (B, Hkv, G, D), no repeat_kv, no enable_gqa (on CPU,
+# SDPA's enable_gqa path is the slow one, more so as the cache grows; on CUDA both are fused kernels)
+DEFAULT_AR_ATTENTION = "packed_sdpa"
+
+
+def one_query_attention(path: str, module, query, key, value, scaling, **kwargs) -> torch.Tensor:
+    """Unmasked attention of one query per sequence over every key given -> (B, 1, H, Dv).
+    `path`: "packed_sdpa" (packed-GQA SDPA), "packed_matmul" (packed-GQA softmax(q k^T) v, as
+    verification computes it) or "sdpa" (transformers' SDPA: `enable_gqa` where it takes it)."""
+    if path == "packed_sdpa":
+        return grouped_sdpa(query, key, value, scaling)
+    if path == "packed_matmul":
+        return apply_probs(grouped_attention_probs(query, key, None, scaling), value, query.dtype)
+    if path == "sdpa":
+        return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, **kwargs)[0]
+    raise ValueError(f"ar_attention={path!r}; accepted: {', '.join(AR_ATTENTION)}")
+
+
 class ExplicitAttentionHook:
     """Verification of several tokens: attention from explicit probabilities in packed-GQA form.
 

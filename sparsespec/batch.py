@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from .attention import sparsespec_attention
+from .attention import DEFAULT_AR_ATTENTION, sparsespec_attention
 from .batch_cache import BatchCache, BatchVerifyHook
 from .cache import num_decoder_layers
 from .eos import through_eos
@@ -146,20 +146,23 @@ def one_at_a_time(drafter, size: int) -> bool:
     return size > 1 and not drafter.batchable
 
 
-def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
+def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None,
+           ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
     """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller):
-    together when the method's drafter is `batchable`, else one sequence at a time."""
+    together when the method's drafter is `batchable`, else one sequence at a time. `ar_attention`:
+    how an AR step (k = 0) attends (sparsespec/attention.py, `AR_ATTENTION`)."""
     if one_at_a_time(starts[0].drafter, len(starts)):
-        return decode_each(model, starts, sampler, stop_ids, cost_prior)
-    return decode_together(model, starts, sampler, stop_ids, cost_prior)
+        return decode_each(model, starts, sampler, stop_ids, cost_prior, ar_attention)
+    return decode_together(model, starts, sampler, stop_ids, cost_prior, ar_attention)
 
 
-def decode_each(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
+def decode_each(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None,
+                ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
     """`starts` decoded as batches of one, in order, each with its own controller, drawing from the
     one `sampler`; timed as rows `one_after_another`."""
     rows = []
     for start in starts:
-        (gen,) = decode_together(model, [start], sampler, stop_ids, cost_prior)
+        (gen,) = decode_together(model, [start], sampler, stop_ids, cost_prior, ar_attention)
         rows.append(gen)
     return one_after_another(rows)
 
@@ -175,7 +178,8 @@ def one_after_another(gens: list) -> BatchGenerations:
     return batch
 
 
-def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None) -> BatchGenerations:
+def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None,
+                    ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
     """Decode from `starts` together; see the module docstring. The first start's controller is the
     batch's."""
     for p in starts:
@@ -210,7 +214,7 @@ def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_p
     with sparsespec_attention(model), clock:
         start_s = time.perf_counter()
         while active:
-            batch_round(model, cache, active, proposer, controller, sampler, windows)
+            batch_round(model, cache, active, proposer, controller, sampler, windows, ar_attention)
             finished = [s for s in active if cut_and_check(s, stop_ids)]
             if finished:
                 synchronize(device)
@@ -225,13 +229,16 @@ def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_p
     for s, start in zip(seqs, starts):
         out.append(Generation(tokens=s.tokens, prefill_s=s.prefill_s, decode_s=s.finished_at, rounds=s.rounds,
                               prompt_tokens=s.state.prompt_len, method=start.method,
-                              options={**start.options, **s.drafter.resolved_options}))
+                              options={**start.options, **s.drafter.resolved_options, "ar_attention": ar_attention}))
     return out
 
 
-def batch_round(model, cache: BatchCache, active: list, proposer, controller, sampler: Sampler, windows) -> None:
+def batch_round(model, cache: BatchCache, active: list, proposer, controller, sampler: Sampler, windows,
+                ar_attention: str = DEFAULT_AR_ATTENTION) -> None:
     """One draft-verify-accept round for every active sequence (rows of `cache` in `active` order);
-    `proposer` drafts for them (None: the method proposes nothing)."""
+    `proposer` drafts for them (None: the method proposes nothing). A round of k = 0 is an AR step,
+    the same code at the same cost as the `ar` method's: no observer records it, so it attends by
+    `ar_attention` (the policies keep the scores of the last verification that had drafts)."""
     for row, s in enumerate(active):
         s.row = row
     device = cache.lengths.device
@@ -251,8 +258,8 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
 
     # verify [last, d_1..d_k] of every sequence in one forward; accept per sequence
     with timers.verify:
-        observers = [s.drafter.verify_observer() for s in active]
-        hook = BatchVerifyHook(cache, windows, observers)
+        observers = [s.drafter.verify_observer() if k else None for s in active]
+        hook = BatchVerifyHook(cache, windows, observers, ar_attention)
         inputs = torch.cat([last.view(-1, 1), drafts], dim=1)                          # (B, k+1)
         positions = cache.slots(k + 1)                                                 # (B, k+1)
         logits = target_logits(model, input_ids=inputs, position_ids=positions, past_key_values=cache,

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .attention import apply_probs, grouped_attention_probs, grouped_sdpa
+from .attention import DEFAULT_AR_ATTENTION, apply_probs, grouped_attention_probs, grouped_sdpa, one_query_attention
 
 
 class OwnedLayer(CacheLayerMixin):
@@ -114,11 +113,11 @@ class BatchVerifyHook:
     """Verification over a `BatchCache`: explicit packed-GQA attention with the per-sequence mask;
     `observers[b]` (or None) sees sequence b's probabilities (1, Hkv, G, q, L_b + q), exactly the
     shape it sees when that sequence decodes alone. One query per sequence, every sequence of the
-    same length and no observer (AR, a batch of one in particular) needs no mask: transformers' SDPA
-    over the window's keys, its fastest path."""
+    same length and no observer (an AR step: the `ar` method's and every k = 0 round's) needs no mask:
+    `one_query_attention` over the window's keys, by the path `ar_attention`."""
 
-    def __init__(self, cache: BatchCache, windows: list, observers: list):
-        self.cache, self.windows, self.observers = cache, windows, observers
+    def __init__(self, cache: BatchCache, windows: list, observers: list, ar_attention: str = DEFAULT_AR_ATTENTION):
+        self.cache, self.windows, self.observers, self.ar_attention = cache, windows, observers, ar_attention
         self.unmasked = min(cache.length_list) == cache.max_length and all(o is None for o in observers)
         self.masks: dict = {}
 
@@ -128,7 +127,7 @@ class BatchVerifyHook:
         if q == 1 and self.unmasked:                  # query at position n - 1 sees [n - window, n)
             if window is not None and n > window:
                 key, value = key[:, :, -window:], value[:, :, -window:]
-            return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, **kwargs)
+            return one_query_attention(self.ar_attention, module, query, key, value, scaling, **kwargs), None
         if (window, q, n) not in self.masks:
             self.masks[(window, q, n)] = verify_mask(self.cache.lengths, q, n, window)
         probs = grouped_attention_probs(query, key, self.masks[(window, q, n)], scaling)   # (B, Hkv, G, q, N)

@@ -25,7 +25,7 @@ import math
 import torch
 
 from . import batch
-from .attention import sparsespec_attention
+from .attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
 from .call_checks import check_seed, warn_past_positions
 from .eos import eos_token_ids
 from .errors import ConfigError
@@ -117,12 +117,15 @@ def check_prefilled(prefilled: Prefilled, prompt: torch.Tensor, method, max_new_
 def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int | None = None,
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
-             cost_prior=None, attention_mask=None, **method_options) -> "Generation | batch.BatchGenerations":
+             cost_prior=None, attention_mask=None, ar_attention: str = DEFAULT_AR_ATTENTION,
+             **method_options) -> "Generation | batch.BatchGenerations":
     """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
     tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
     `prefill()`), start from that shared prefill instead of running one; the method, its options and
     max_new_tokens are the prefill's. `cost_prior`: a `CostProfile` (sparsespec.calibration) the
-    controller starts from.
+    controller starts from. `ar_attention`: how an AR step (the `ar` method's, and every k = 0
+    round of the others) attends, one of `AR_ATTENTION` (sparsespec/attention.py); the harness
+    measures them and passes the fastest.
 
     A batch (a list of 1-D prompts, (B, L) ids with B > 1, or padded ids with `attention_mask`)
     is decoded together and returns a `BatchGenerations`: a list of one `Generation` per prompt, in
@@ -133,6 +136,8 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p!r} must be a number in (0, 1]")
     check_seed(seed)
+    if ar_attention not in AR_ATTENTION:
+        raise ConfigError(f"ar_attention={ar_attention!r}; accepted: {', '.join(AR_ATTENTION)}")
     batched = batch.is_batch(input_ids, attention_mask)
     prompts = (batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids)) if batched
                else [prompt_of(model, input_ids)])
@@ -141,7 +146,8 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
     gens = decode_prompts(model, prompts, method=method, max_new_tokens=max_new_tokens, options=method_options,
-                          sampler=sampler, stop_ids=stop_ids, cost_prior=cost_prior, prefilled=prefilled)
+                          sampler=sampler, stop_ids=stop_ids, cost_prior=cost_prior, prefilled=prefilled,
+                          ar_attention=ar_attention)
     if not batched:
         return gens[0]
     for gen in gens:
@@ -151,7 +157,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
 
 def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, max_new_tokens: int | None,
                    options: dict, sampler: Sampler, stop_ids: set, cost_prior=None,
-                   prefilled=None) -> "batch.BatchGenerations":
+                   prefilled=None, ar_attention: str = DEFAULT_AR_ATTENTION) -> "batch.BatchGenerations":
     """`prompts` (checked 1-D prompts) decoded by the loop (sparsespec/batch.py: together, or one at
     a time for a method that is not batchable), each from its prefill: `prefilled` (one `Prefilled`
     per prompt, of one method), or its own."""
@@ -166,7 +172,7 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
     else:
         starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
     warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
-    return batch.decode(model, starts, sampler, stop_ids, cost_prior)
+    return batch.decode(model, starts, sampler, stop_ids, cost_prior, ar_attention)
 
 
 def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_tokens, options: dict) -> list[Prefilled]:
