@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from . import threads
+from .attention import AR_ATTENTION, DEFAULT_AR_ATTENTION
 from .batch import is_batch
 from .controllers import CONTROLLERS, CycleK
 from .controllers.acceptance import EntropyBins, judged
@@ -138,6 +139,7 @@ class ProfileJob(NamedTuple):
     entries: tuple[str, ...]   # the run's entries it calibrates ((AR,) for the AR steps)
     threads: int | None   # None: the sized profile, at the count the entries' probes choose
     priors: tuple[str, ...] = ()   # those of `entries` whose controller reads costs: each gets the profile as its prior
+    ar_attention: str | None = None   # AR steps: the way they attend (attention.AR_ATTENTION)
 
     @property
     def costs(self) -> bool:
@@ -172,14 +174,15 @@ def plan_profiles(wanted: dict[str, tuple[str, dict]], *, ar: bool, max_new_toke
     ks, repeats = profile_size(max_new_tokens, num_prompts)
     groups = [(entries, tuple(e for e in entries if reads_costs(*wanted[e]))) for entries in probe_groups(wanted)]
     jobs = {}
+    if ar:      # first: every later job's k = 0 rounds attend by the path these choose
+        for t in counts:
+            for path in AR_ATTENTION:
+                jobs[f"AR steps @{t} threads, {path}"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, (AR,), t, (), path)
     for entries, priors in groups:
         method, options = wanted[priors[0] if priors else entries[0]]
         probe = profile_decoder(method, options, FLOOR_KS, 1) if priors else (method, options, cycle_tokens(FLOOR_KS, 1))
         for t in counts:
             jobs[f"thread probe of {' + '.join(entries)} @{t} threads"] = ProfileJob(*probe, entries, t, priors)
-    if ar:
-        for t in counts:
-            jobs[f"AR steps @{t} threads"] = ProfileJob(AR, {}, MIN_AR_STEPS + 1, (AR,), t)
     if (ks, repeats) != (FLOOR_KS, 1):
         for entries, priors in groups:
             if priors:
@@ -201,9 +204,31 @@ def reads_costs(method: str, options: dict) -> bool:
 
 @dataclass
 class RunCalibration:
-    """What a run measured before decoding: cost priors by entry, thread choices by entry (AR's under "ar")."""
+    """What a run measured before decoding: cost priors by entry, thread choices by entry (AR's under
+    "ar"), and the way every method's AR steps attend (`ar_attention`, the fastest of `ar_step_s`:
+    path -> threads -> C_AR)."""
     priors: dict[str, CostProfile] = field(default_factory=dict)
     choices: dict[str, threads.ThreadChoice] = field(default_factory=dict)
+    ar_attention: str = DEFAULT_AR_ATTENTION
+    ar_step_s: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def choose_ar(self, measured: dict[tuple[int, str], float]) -> None:
+        """From C_AR by (threads, attention path): AR's thread count (its fastest path at each count
+        compared) and, at that count, the fastest path, which every method's AR steps then take."""
+        counts = sorted({t for t, _ in measured})
+        self.choices[AR] = threads.choose({t: min(s for (u, _), s in measured.items() if u == t) for t in counts},
+                                          "C_AR, the fastest attention path at each count")
+        at = {path: s for (t, path), s in measured.items() if t == self.choices[AR].threads}
+        self.ar_attention = min(AR_ATTENTION, key=lambda p: at.get(p, float("inf")))
+        self.ar_step_s = {path: {t: s for (t, p), s in sorted(measured.items()) if p == path}
+                          for path in AR_ATTENTION if any(p == path for _, p in measured)}
+
+    def ar_variants(self) -> dict | None:
+        """What summary.json records of AR's variants (None: none was measured)."""
+        if not self.ar_step_s:
+            return None
+        return {"ar_attention": self.ar_attention, "threads": self.choices[AR].threads,
+                "ar_step_s": {p: {str(t): s for t, s in by.items()} for p, by in self.ar_step_s.items()}}
 
     def get(self, entry: str) -> CostProfile | None:
         return self.priors.get(entry)
@@ -232,23 +257,28 @@ def measure_planned(model, prompts: list, starts: list[dict], jobs: dict[str, Pr
     def start_of(label):
         return [s.pop(label) for s in starts]
 
-    def decoded(label):
-        return generate(model, prompts, prefilled=start_of(label), stop_at_eos=False)
+    def decoded(label, ar_attention=None):
+        return generate(model, prompts, prefilled=start_of(label), stop_at_eos=False,
+                        ar_attention=ar_attention or calibration.ar_attention)
 
     probes, decode_s, ar_steps = defaultdict(dict), defaultdict(dict), {}
     priors_of = {job.entries: job.priors for job in jobs.values()}
     for label, job in jobs.items():
         if job.threads is None:
             continue
+        if job.method != AR and ar_steps and AR not in calibration.choices:
+            calibration.choose_ar(ar_steps)          # the AR jobs come first: later k = 0 rounds take its path
         with threads.using(job.threads):
             if job.method == AR:
-                ar_steps[job.threads] = threads.ar_step_s(full_batch_rounds(decoded(label)))
+                ar_steps[job.threads, job.ar_attention] = threads.ar_step_s(
+                    full_batch_rounds(decoded(label, job.ar_attention)))
             elif job.costs:
-                probes[job.entries][job.threads] = measure_cost_profile(model, prompts, prefilled=start_of(label))
+                probes[job.entries][job.threads] = measure_cost_profile(
+                    model, prompts, prefilled=start_of(label), ar_attention=calibration.ar_attention)
             else:   # the same rounds at each count: their decode seconds compare (drafts or none)
                 decode_s[job.entries][job.threads] = decoded(label).decode_s
-    if ar_steps:
-        calibration.choices[AR] = threads.choose(ar_steps, "C_AR")
+    if ar_steps and AR not in calibration.choices:
+        calibration.choose_ar(ar_steps)
     for entries, by_count in decode_s.items():
         calibration.choose_for(entries, threads.choose(by_count, "the probe's decode seconds", shared_by=entries))
     counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
@@ -262,13 +292,14 @@ def measure_planned(model, prompts: list, starts: list[dict], jobs: dict[str, Pr
     for label, job in jobs.items():
         if job.threads is None:
             with threads.using(calibration.choices[job.entries[0]].threads):
-                profile = measure_cost_profile(model, prompts, prefilled=start_of(label))
+                profile = measure_cost_profile(model, prompts, prefilled=start_of(label),
+                                               ar_attention=calibration.ar_attention)
             for entry in job.priors:
                 calibration.priors[entry] = profile
 
 
 def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEFAULT_KS, repeats: int = 2,
-                         prefilled=None, **options) -> CostProfile:
+                         prefilled=None, ar_attention: str = DEFAULT_AR_ATTENTION, **options) -> CostProfile:
     """Draft k = each of `ks` in turn, `repeats` times, on `input_ids` (one prompt, or a list of
     prompts decoded as one batch); the median costs per k. `options` are the method's; controller
     options among them are ignored (the cycle replaces them). `prefilled`: the profile's start (one
@@ -278,9 +309,9 @@ def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEF
     if prefilled is None:
         method, profile_options, new_tokens = profile_decoder(method, options, ks, repeats)
         gens = generate(model, prompts, method=method, max_new_tokens=new_tokens, stop_at_eos=False,
-                        **profile_options)
+                        ar_attention=ar_attention, **profile_options)
     else:
-        gens = generate(model, prompts, prefilled=prefilled, stop_at_eos=False)
+        gens = generate(model, prompts, prefilled=prefilled, stop_at_eos=False, ar_attention=ar_attention)
     return profile_of(full_batch_rounds(gens))
 
 

@@ -14,6 +14,7 @@ from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
                                     PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, probe_groups,
                                     profile_cycle, profile_size, reads_costs)
+from sparsespec.attention import AR_ATTENTION
 from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
@@ -117,12 +118,13 @@ def test_the_profile_stays_within_its_share_of_the_run_or_at_the_floor(max_new_t
     assert set(FLOOR_KS) <= set(ks) and repeats in (1, 2)
 
 
-def test_a_smoke_run_plans_a_probe_and_ar_steps_at_every_count_and_nothing_more():
+def test_a_smoke_run_plans_ar_steps_at_every_count_and_path_then_a_probe_and_nothing_more():
     jobs = plan_profiles({"sparsespec": ("sparsespec", {"budget": 0.5})}, ar=True, max_new_tokens=16,
                          num_prompts=2, counts=(1, 2))
-    assert [(j.entries, j.threads) for j in jobs.values()] == [(("sparsespec",), 1), (("sparsespec",), 2),
-                                                               (("ar",), 1), (("ar",), 2)]
-    probe = next(iter(jobs.values()))
+    ar_jobs = [(("ar",), t, path) for t in (1, 2) for path in AR_ATTENTION]
+    assert [(j.entries, j.threads, j.ar_attention) for j in jobs.values()] == ar_jobs + [
+        (("sparsespec",), 1, None), (("sparsespec",), 2, None)]
+    probe = [j for j in jobs.values() if j.entries == ("sparsespec",)][0]
     assert probe.options["ks"] == profile_cycle(FLOOR_KS) and probe.length == cycle_tokens(profile_cycle(FLOOR_KS), 1)
     assert all(j.length == MIN_AR_STEPS + 1 for j in jobs.values() if j.entries == ("ar",))
 
@@ -139,9 +141,9 @@ def test_a_method_that_ignores_costs_gets_thread_probes_as_itself_and_no_cost_pr
     jobs = plan_profiles({"fixed": ("sparsespec", {"controller": "fixed", "k": 4}), "pld": ("pld", {})},
                          ar=True, max_new_tokens=128, num_prompts=4, counts=(1, 2))
     assert [(j.entries, j.threads, j.costs) for j in jobs.values()] == [
-        (("fixed",), 1, False), (("fixed",), 2, False), (("pld",), 1, False), (("pld",), 2, False),
-        (("ar",), 1, False), (("ar",), 2, False)]
-    fixed = next(iter(jobs.values()))
+        (("ar",), t, False) for t in (1, 2) for _ in AR_ATTENTION] + [
+        (("fixed",), 1, False), (("fixed",), 2, False), (("pld",), 1, False), (("pld",), 2, False)]
+    fixed = next(j for j in jobs.values() if j.entries == ("fixed",))
     assert fixed.options == {"controller": "fixed", "k": 4} and fixed.length == cycle_tokens(FLOOR_KS, 1)
 
 
@@ -170,11 +172,11 @@ def test_entries_sharing_a_probe_get_one_choice_from_one_probe_and_only_the_cost
     import sparsespec.calibration as calibration_module
     probed = []
 
-    def cost_profile_at_this_count(model, prompts, prefilled):
+    def cost_profile_at_this_count(model, prompts, prefilled, ar_attention):
         probed.append(torch.get_num_threads())
         return profile(0.01, {1: 0.05, 2: 0.06} if torch.get_num_threads() == 2 else {1: 0.5, 2: 0.6})
 
-    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos):
+    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos, ar_attention):
         probed.append(torch.get_num_threads())
         return SimpleNamespace(decode_s=0.1 if torch.get_num_threads() == 1 else 1.0)
     monkeypatch.setattr(calibration_module, "measure_cost_profile", cost_profile_at_this_count)
@@ -332,3 +334,16 @@ def test_the_table_names_the_chosen_threads():
     choice = threads.choose({1: 0.012, 2: 0.020}, "C_AR").as_dict()
     assert threads_line(choice) == "threads: 1 (measured C_AR: 1 -> 12.0 ms, 2 -> 20.0 ms)"
     assert threads_line(None) is None
+
+
+def test_the_run_takes_the_fastest_ar_path_at_the_chosen_thread_count_and_records_every_variant():
+    calibration = RunCalibration()
+    measured = {(1, "packed_sdpa"): 0.30, (1, "packed_matmul"): 0.32, (1, "sdpa"): 0.50,
+                (2, "packed_sdpa"): 0.21, (2, "packed_matmul"): 0.20, (2, "sdpa"): 0.40}
+    calibration.choose_ar(measured)
+    assert calibration.choices["ar"].threads == 2 and calibration.choices["ar"].cost_s == {1: 0.30, 2: 0.20}
+    assert calibration.ar_attention == "packed_matmul"         # fastest at 2 threads, though not at 1
+    recorded = calibration.ar_variants()
+    assert recorded["ar_attention"] == "packed_matmul" and recorded["threads"] == 2
+    assert recorded["ar_step_s"]["sdpa"] == {"1": 0.50, "2": 0.40}
+    assert RunCalibration().ar_variants() is None               # nothing measured: nothing claimed

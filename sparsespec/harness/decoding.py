@@ -96,10 +96,12 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], con
                     model, p, method=method, max_new_tokens=max_new_tokens, **common, **options) for p in prompts])
             elif one:
                 gens[label] = one_after_another([sparsespec.generate(
-                    model, prompts[0], prefilled=starts[0].pop(label), cost_prior=cost_priors.get(label), **common)])
+                    model, prompts[0], prefilled=starts[0].pop(label), cost_prior=cost_priors.get(label),
+                    ar_attention=cost_priors.ar_attention, **common)])
             else:
                 gens[label] = sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
-                                                  cost_prior=cost_priors.get(label), **common)
+                                                  cost_prior=cost_priors.get(label),
+                                                  ar_attention=cost_priors.ar_attention, **common)
     return gens
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sparsespec import calibration
 from sparsespec.calibration import RunCalibration
+from sparsespec.hf_reference import is_reference
 
 from .order import prompt_order
 from .results import SamplesFile, check_resume, sample_key
@@ -110,14 +111,15 @@ def shared_with(runs: list[MethodRun], config: RunConfig) -> list[str]:
 def profiles_to_measure(todo: list[MethodRun], config: RunConfig, cost_priors: RunCalibration) -> dict:
     """label -> ProfileJob (sparsespec/calibration.py) still to measure: for each drafting run in `todo`
     not yet calibrated, a thread probe at every count (sparsespec/threads.py), and for one whose
-    controller reads costs (the entropy controller) a cost profile sized to the run; AR steps at every count while
-    AR's threads are unchosen. Each is measured on the prefill of the batch about to be decoded,
+    controller reads costs (the entropy controller) a cost profile sized to the run; AR steps at every count and
+    attention path while AR's are unchosen and an engine method decodes (every method's k = 0 rounds are AR
+    steps, and take the path chosen). Each is measured on the prefill of the batch about to be decoded,
     before its methods decode, so it costs no prefill of its own."""
     if not config.cost_profile:
         return {}
     wanted = {run.entry: (run.method, run.spec.options) for run in todo
               if run.entry not in cost_priors and not run.spec.is_reference
               and calibration.has_thread_probe(run.method)}
-    ar = AR not in cost_priors.choices and any(m == AR for m, _ in decoders_for(todo, config).values())
+    ar = AR not in cost_priors.choices and any(not is_reference(m) for m, _ in decoders_for(todo, config).values())
     return calibration.plan_profiles(wanted, ar=ar, max_new_tokens=config.max_new_tokens,
                                      num_prompts=config.num_prompts)

@@ -67,7 +67,7 @@ def model_dtype(model) -> str:
 def summary_of(config: RunConfig, run: MethodRun, samples: list[dict], *, model, started: str,
                shared_with: list[str], bench: dict | None, cost_prior=None, prefills_reused: int = 0,
                prefills_from_disk: int = 0,
-               thread_choice=None, load: dict | None = None) -> dict:
+               thread_choice=None, load: dict | None = None, ar_variants: dict | None = None) -> dict:
     spec = run.spec
     prefill_shared = not spec.is_reference and len(shared_with) > 1
     return {
@@ -83,6 +83,7 @@ def summary_of(config: RunConfig, run: MethodRun, samples: list[dict], *, model,
                 "batch_size": config.batch_size,
                 "bench": bench, "cost_prior": cost_prior.as_dict() if cost_prior else None,
                 "threads": thread_choice.as_dict() if thread_choice else None, "load": load,
+                "ar_variants": ar_variants,
                 "wandb_dir": str(run.tracker.folder) if run.tracker.folder else None,
                 "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "metrics": {**aggregate(samples), **batch_metrics(samples)},

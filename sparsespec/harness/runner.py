@@ -91,7 +91,7 @@ def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: 
                                  prefills_reused=memo.hits - hits_before,
                                  prefills_from_disk=memo.disk_hits - disk_hits_before,
                                  thread_choice=cost_priors.choices.get(AR if method_run.method == AR else method_run.entry),
-                                 load=load)
+                                 load=load, ar_variants=cost_priors.ar_variants())
             write_summary(method_run, summary, samples)
             summaries[method_run.entry] = (summary, samples)
     finally:
