@@ -8,7 +8,8 @@ cache is filled with random K/V of the right shape at the given context. Every c
 on the engine's own code path (`sparsespec.batch.batch_round`, the same round the benchmark runs,
 with the engine's `Stopwatch`, which synchronises the GPU):
 
-- C_AR: one AR round = one decode step (1 token) over the full cache, greedy pick included;
+- C_AR: one AR round = one decode step (1 token) over the full cache, greedy pick included, timed
+  for each way an AR step can attend (`sparsespec.attention.AR_ATTENTION`); C_AR is the fastest;
 - C_d: one sparse draft step (the `sparsespec` drafter, budget 10% of the context) over the
   gathered draft cache of M + up to k positions, per step of a k-step round;
 - C_v(k): one verification of k+1 tokens over the full cache, recording attention (sparsespec's verification observer);
@@ -19,7 +20,9 @@ Each is defined once, in `sparsespec.stats` (the harness's summaries use the sam
 so all rounds run at the same length. Random weights make acceptance meaningless, so tau (tokens per
 round, the bonus token included) is *assumed*: tau = a*k + 1 with a in {0.6, 0.8}, and the
 cost-model bound is `stats.cost_bound`: tau * C_AR / (k * C_d + C_v(k)) (`+sel` adds the select cost
-to the denominator). Writes cost_model.json and cost_model.md into --out after each context, so a
+to the denominator). Beside them, at `--hf-contexts`, transformers' own generate() per decode step:
+dynamic cache, and static cache with a compiled step (`hf_generate_static`; compile seconds apart).
+Writes cost_model.json and cost_model.md into --out after each context, so a
 run cut short keeps what it measured.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec import stats  # noqa: E402
-from sparsespec.attention import sparsespec_attention  # noqa: E402
+from sparsespec.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention  # noqa: E402
 from sparsespec.batch import Sequence, batch_round  # noqa: E402
 from sparsespec.batch_cache import BatchCache  # noqa: E402
 from sparsespec.cache import num_decoder_layers  # noqa: E402
@@ -92,13 +95,14 @@ def filled_sequence(model, ctx: int, max_k: int, device: torch.device, dtype: to
     return cache, Sequence(0, ids, None, Sampler(), capacity, MAX_NEW_TOKENS, model, cache)
 
 
-def time_rounds(model, cache, seq, drafter, controller, reps: int, warmup: int = 2) -> list:
+def time_rounds(model, cache, seq, drafter, controller, reps: int, warmup: int = 2,
+                ar_attention: str = DEFAULT_AR_ATTENTION) -> list:
     """`reps` timed rounds of the loop (after `warmup`), each from the same cache length."""
     windows = [sliding_window_of(model, i) for i in range(num_decoder_layers(model))]
     seq.drafter, proposer = drafter, drafter.batch_proposer(windows)
     ctx, rounds = seq.state.length, []
     for i in range(warmup + reps):
-        batch_round(model, cache, [seq], proposer, controller, seq.state.sampler, windows)
+        batch_round(model, cache, [seq], proposer, controller, seq.state.sampler, windows, ar_attention)
         seq.state.length = ctx                            # roll back: every round at the same context
         cache.set_lengths([ctx])
         seq.tokens.clear()
@@ -112,9 +116,13 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
     config = model.config
     ar = METHODS["ar"](model, prompt_len=ctx, max_new_tokens=MAX_NEW_TOKENS, max_k=1,
                        options=resolve("ar", {}).drafter_options)
-    ar_rounds = time_rounds(model, cache, seq, ar, make_controller("fixed"), reps=2 * reps)
-    ar_totals = stats.round_totals(ar_rounds)                # an AR round is one decode step
-    c_ar = stats.c_ar(ar_totals.verify_s, ar_totals.emitted)
+    c_ar_by_path = {}
+    for path in AR_ATTENTION:                                # an AR round is one decode step
+        totals = stats.round_totals(time_rounds(model, cache, seq, ar, make_controller("fixed"), reps=2 * reps,
+                                                ar_attention=path))
+        c_ar_by_path[path] = stats.c_ar(totals.verify_s, totals.emitted)
+    ar_path = min(c_ar_by_path, key=c_ar_by_path.get)
+    c_ar = c_ar_by_path[ar_path]
     rows, draft_m = [], None
     drafter_cls = METHODS["sparsespec"]
     for k in ks:
@@ -142,7 +150,25 @@ def measure_context(model, ctx: int, ks: list[int], reps: int, budget: float, de
     del cache, seq
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"ctx": ctx, "draft_budget_tokens": draft_m, "c_ar_s": c_ar, "reps": reps, "rows": rows}
+    return {"ctx": ctx, "draft_budget_tokens": draft_m, "c_ar_s": c_ar, "ar_attention": ar_path,
+            "c_ar_s_by_attention": c_ar_by_path, "reps": reps, "rows": rows}
+
+
+HF_NEW_TOKENS = 32      # transformers' rows: enough steps for a stable per-step mean
+
+
+def time_hf_rows(model, ctx: int, device) -> list[dict]:
+    """transformers' generate() on `ctx` random ids: seconds per decode step, dynamic and static+compiled."""
+    from sparsespec.hf_reference import hf_generate
+
+    ids = torch.randint(model.config.vocab_size, (ctx,), device=device, generator=torch.Generator(device).manual_seed(ctx))
+    rows = []
+    for method in ("hf_generate", "hf_generate_static"):
+        gen = hf_generate(model, ids, method=method, max_new_tokens=HF_NEW_TOKENS, stop_at_eos=False)
+        rows.append({"ctx": ctx, "method": method, "step_s": gen.decode_s / max(1, len(gen.rounds)),
+                     "compile_s": gen.options.get("compile_s")})
+        print(f"ctx {ctx} {method}: {rows[-1]['step_s'] * 1e3:.2f} ms a step", flush=True)
+    return rows
 
 
 def markdown(report: dict) -> str:
@@ -158,8 +184,19 @@ def markdown(report: dict) -> str:
              f"bound a={a_hi} +sel": r["bounds"][str(a_hi)]["bound_with_select"]}
             for res in report["results"] for r in res["rows"]]
     formats = {column: ".2f" for column in (rows[0] if rows else {}) if column not in ("ctx", "draft M", "k")}
+    paths = [{"ctx": res["ctx"], **{f"C_AR ms, {p}": s * 1e3 for p, s in res["c_ar_s_by_attention"].items()},
+              "fastest": res["ar_attention"]} for res in report["results"]]
+    ar_table = ("\n\nC_AR by the way the AR step attends (C_AR above is the fastest):\n\n"
+                + markdown_table(paths, formats={c: ".2f" for c in (paths[0] if paths else {}) if c.startswith("C_AR")})
+                if paths else "")
+    hf = [{"ctx": h["ctx"], "row": h["method"], "step ms": h["step_s"] * 1e3, "compile s": h.get("compile_s")}
+          for h in report.get("hf", [])]
+    hf_table = ("\n\ntransformers' generate() per decode step (random ids, greedy, "
+                f"{HF_NEW_TOKENS} new tokens):\n\n" + markdown_table(hf, formats={"step ms": ".2f", "compile s": ".1f"})
+                if hf else "")
     skipped = "".join(f"\nSkipped ctx {s['ctx']}: {s['why']}" for s in report["skipped"])
-    return intro + "\n\n" + (markdown_table(rows, formats=formats) if rows else "(no context measured)") + skipped
+    return (intro + "\n\n" + (markdown_table(rows, formats=formats) if rows else "(no context measured)")
+            + ar_table + hf_table + skipped)
 
 
 def main(argv=None) -> None:
@@ -174,6 +211,8 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=10, help="timed rounds per measurement (AR gets twice as many)")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="skip a context whose estimated time would end past this many seconds from start")
+    p.add_argument("--hf-contexts", default=None,
+                   help="contexts at which to time transformers' generate() rows (default: the first context; '' for none)")
     p.add_argument("--out", default=".", help="folder for cost_model.json and cost_model.md")
     args = p.parse_args(argv)
 
@@ -226,6 +265,16 @@ def main(argv=None) -> None:
             (out / "cost_model.json").write_text(json.dumps(report, indent=1))
             (out / "cost_model.md").write_text(markdown(report) + "\n")
             print(f"ctx {ctx}: measured in {res['seconds']:.1f} s", flush=True)
+    hf_contexts = contexts[:1] if args.hf_contexts is None else [int(c) for c in args.hf_contexts.split(",") if c]
+    report["hf"] = []
+    for ctx in hf_contexts:
+        if args.deadline_s is not None and time.perf_counter() - start > 0.6 * args.deadline_s:
+            report["skipped"].append({"ctx": ctx, "why": "transformers' rows skipped: past 60% of the deadline"})
+            continue
+        report["hf"] += time_hf_rows(model, ctx, device)
+        report["total_s"] = time.perf_counter() - start
+        (out / "cost_model.json").write_text(json.dumps(report, indent=1))
+        (out / "cost_model.md").write_text(markdown(report) + "\n")
     report["total_s"] = time.perf_counter() - start
     (out / "cost_model.json").write_text(json.dumps(report, indent=1))
     (out / "cost_model.md").write_text(markdown(report) + "\n")
