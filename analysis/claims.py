@@ -33,7 +33,6 @@ from analysis.load import results_or_exit
 from analysis.provenance import (PoolingError, add_mixed_commits_flag, cell_provenance, check_poolable,
                                  duplicate_prompts)
 from analysis.tables import ctx_label
-from sparsespec import stats
 from sparsespec.tables import markdown_table
 
 CONTROLLER = "sparsespec"
@@ -72,17 +71,6 @@ def samples(df: pd.DataFrame) -> pd.DataFrame:
         raise PoolingError(problem)
     return out.reindex(columns=[*CELL, "label", "method", "k", "prompt_id", "tokens_per_s", "speedup_vs_ar",
                                 "outputs_match_ar", "mean_accepted", "score", "depth"])   # no score/depth: NaN
-
-
-def fmt_ci(ci: stats.MeanCI | Estimate, unit: str = "×") -> str:
-    """`1.52× [1.20, 1.93]`; `–` without a value; `1.52× (n=1)` without an interval."""
-    if isinstance(ci, Estimate):
-        return ci.text(unit)
-    if ci.mean is None:
-        return "–"
-    if ci.low is None:
-        return f"{ci.mean:.2f}{unit} (n={ci.n})"
-    return f"{ci.mean:.2f}{unit} [{ci.low:.2f}, {ci.high:.2f}]"
 
 
 def speedup_ci(rows: pd.DataFrame, label: str) -> Estimate:
@@ -150,7 +138,7 @@ def claim_context_growth(s: pd.DataFrame) -> Claim:
     records, pooled = [], []
     contexts = {ctx_label(ctx): "–" for ctx in sorted(rows["ctx"].unique())}     # every series, in context order
     for (model, task), r in rows.groupby(["model", "task"], sort=True):
-        by_ctx = {ctx_label(ctx): fmt_ci(estimates.geometric(g["speedup_vs_ar"])) for ctx, g in r.groupby("ctx")}
+        by_ctx = {ctx_label(ctx): estimates.geometric(g["speedup_vs_ar"]).text() for ctx, g in r.groupby("ctx")}
         slope = estimates.context_slope(r["speedup_vs_ar"], r["ctx"], cell[r.index])
         records.append({"model": model, "task": task, **contexts, **by_ctx, "per doubling of context": slope.text(),
                         "n": slope.sample(), "verdict": slope.verdict()})
@@ -195,7 +183,7 @@ def claim_across_tasks(s: pd.DataFrame) -> Claim:
             return {}
         return {"exact match": exact_match(cell_rows, CONTROLLER) if task == RETRIEVAL else "–"}
 
-    records = [{**cell, "speed-up vs AR": fmt_ci(est), "n": est.n, "standing vs 1": standing(est),
+    records = [{**cell, "speed-up vs AR": est.text(), "n": est.n, "standing vs 1": standing(est),
                 **accuracy(every_method.merge(pd.DataFrame([cell]), on=CELL), cell["task"])}
                for cell, r in cells(longest) for est in [speedup_ci(r, CONTROLLER)]]
     pooled = {task: estimates.pooled(r["speedup_vs_ar"], r["model"] + "/" + r["ctx"].astype(str))
@@ -216,7 +204,7 @@ def claim_across_tasks(s: pd.DataFrame) -> Claim:
 
 def claim_beats_other_drafters(s: pd.DataFrame) -> Claim:
     claim = "It beats LayerSkip-style and assisted drafting beyond 20K"
-    records = [{**cell, "vs": other, "SparseSpec-L / other": fmt_ci(est), "standing": standing(est)}
+    records = [{**cell, "vs": other, "SparseSpec-L / other": est.text(), "standing": standing(est)}
                for cell, rows in cells(s) if CONTROLLER in set(rows["label"])
                for other in OTHER_DRAFTERS if other in set(rows["label"])
                for est in [paired_ratio(rows, CONTROLLER, other)]]
@@ -246,7 +234,7 @@ def claim_controller(s: pd.DataFrame) -> Claim:
         if CONTROLLER not in set(rows["label"]) or not present:
             continue
         inversion = fixed_k_inversion(rows[rows["label"].isin(present)])
-        records.append({**cell, **{f"controller / {k.split(' ')[-1]}": fmt_ci(paired_ratio(rows, CONTROLLER, k))
+        records.append({**cell, **{f"controller / {k.split(' ')[-1]}": paired_ratio(rows, CONTROLLER, k).text()
                                    for k in present},
                         "inversion among fixed k": {True: "yes", False: "no", None: "–"}[inversion]})
     table = pd.DataFrame(records)
@@ -279,7 +267,7 @@ def sweep_selection(sweep: pd.DataFrame | None) -> tuple[list[dict], dict[str, E
         for other in SIMPLER_DRAFTS:
             theirs = f"{other} b={percent(budget)}"
             records += [{**cell, "k": SELECTION_K, "budget": percent(budget), "vs": other,
-                         SAME_DRAFT_RATIO: fmt_ci(est), "standing": standing(est)}
+                         SAME_DRAFT_RATIO: est.text(), "standing": standing(est)}
                         for cell, rows in cells(at) if {mine, theirs} <= set(rows["label"])
                         for est in [paired_ratio(rows, mine, theirs)]]
             est = pooled_ratio(at, mine, theirs)
@@ -293,7 +281,7 @@ def claim_selection(s: pd.DataFrame, sweep: pd.DataFrame | None = None) -> Claim
     default budget and, given a budget sweep (`--selection`), k = SELECTION_K at each of SELECTION_BUDGETS,
     where a selection's misses compound. Reproduced only when every pooled comparison is."""
     claim = "Recycled top-K beats a streaming draft and a static SnapKV draft at the same budget"
-    records = [{**cell, "k": SAME_K, "budget": "default", "vs": other, SAME_DRAFT_RATIO: fmt_ci(est),
+    records = [{**cell, "k": SAME_K, "budget": "default", "vs": other, SAME_DRAFT_RATIO: est.text(),
                 "standing": standing(est)}
                for cell, rows in cells(s) for other in SIMPLER_DRAFTS if {SAME_K_RECYCLED, other} <= set(rows["label"])
                for est in [paired_ratio(rows, SAME_K_RECYCLED, other)]]
@@ -401,7 +389,7 @@ def speedup_table(s: pd.DataFrame, labels=(CONTROLLER, *FIXED_K, *SIMPLER_DRAFTS
     records = []
     for cell, rows in cells(s):
         record = {**cell, "ctx": ctx_label(cell["ctx"]), "prompts": rows.loc[rows["label"] == "ar", "prompt_id"].nunique()}
-        record.update({label: fmt_ci(speedup_ci(rows, label)) for label in labels if label in set(rows["label"])})
+        record.update({label: speedup_ci(rows, label).text() for label in labels if label in set(rows["label"])})
         records.append(record)
     return pd.DataFrame(records)
 

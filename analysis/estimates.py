@@ -22,74 +22,31 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from sparsespec import stats
+from sparsespec.stats import CONTRADICTED, INCONCLUSIVE, NOT_MEASURABLE, REPRODUCED, Estimate
 
-REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
-NOT_MEASURABLE = "not measurable here"       # no estimate at all: the matrix did not run the comparison
 LEVEL = 0.95
 NO_SPREAD = 1e-9                             # log-ratio SD below which a cell's prompts count as identical
-Z = 1.959963984540054                        # standard normal 0.975 quantile: the mixed model's Wald interval
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A ratio (exp of a log-scale estimate) with its 95% interval, how many prompts and cells it rests
-    on, its p-value against a ratio of 1 (None where not computed), and how it was computed."""
-    ratio: float | None
-    low: float | None
-    high: float | None
-    n: int
-    cells: int
-    p: float | None = None
-    how: str = ""
-
-    def text(self, unit: str = "×") -> str:
-        """`1.52× [1.20, 1.93]`; `–` without an estimate; `1.52× (n=1)` without an interval."""
-        if self.ratio is None:
-            return "–"
-        if self.low is None:
-            return f"{self.ratio:.2f}{unit} (n={self.n})"
-        return f"{self.ratio:.2f}{unit} [{self.low:.2f}, {self.high:.2f}]"
-
-    def sample(self) -> str:
-        """`n = 54 prompts in 18 cells`."""
-        return f"n = {self.n} prompt{'s' * (self.n != 1)} in {self.cells} cell{'s' * (self.cells != 1)}"
-
-    def verdict(self) -> str:
-        return verdict(self)
-
-    def columns(self) -> tuple[float, float, float]:
-        """(ratio, low, high) for a table's columns, NaN where missing (`from_columns` reads them back)."""
-        return tuple(math.nan if x is None else x for x in (self.ratio, self.low, self.high))
-
+Z = float(scipy_stats.norm.ppf((1 + LEVEL) / 2))   # standard normal quantile: the mixed model's Wald interval
 
 NONE = Estimate(None, None, None, 0, 0)
 
 
 def from_columns(ratio, low, high, n, cells: int = 1) -> Estimate:
-    """An Estimate back from a table's columns, to print it with `text()`: a missing (NaN) ratio is no
-    estimate, a missing low or high no interval."""
+    """An Estimate back from a table's columns (`Estimate.columns`), to print it with `text()`: a missing
+    (NaN) ratio is no estimate, a missing low or high no interval."""
     missing = lambda x: x is None or (isinstance(x, float) and math.isnan(x))   # noqa: E731
     if missing(ratio):
         return NONE
     if missing(low) or missing(high):
         return Estimate(float(ratio), None, None, 0 if missing(n) else int(n), cells)
     return Estimate(float(ratio), float(low), float(high), 0 if missing(n) else int(n), cells)
-
-
-def verdict(estimate: Estimate) -> str:
-    """reproduced (interval above 1), contradicted (interval below 1), inconclusive (it holds 1, or
-    there is no interval), not measurable here (no estimate)."""
-    if estimate.ratio is None:
-        return NOT_MEASURABLE
-    if estimate.low is None:
-        return INCONCLUSIVE
-    return REPRODUCED if estimate.low > 1 else CONTRADICTED if estimate.high < 1 else INCONCLUSIVE
 
 
 def combined_verdict(verdicts: list[str]) -> str:
@@ -113,9 +70,7 @@ def geometric(values) -> Estimate:
     ci = stats.geometric_ci(float(v) for v in values if v is not None)
     if ci.mean is None:
         return NONE
-    if ci.low is None:
-        return Estimate(ci.mean, None, None, ci.n, 1, how="one prompt")
-    return Estimate(ci.mean, ci.low, ci.high, ci.n, 1, how="t over prompts")
+    return replace(ci, how="one prompt" if ci.low is None else "t over prompts")
 
 
 def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:
@@ -134,10 +89,13 @@ def pooled(ratios: pd.Series, cells: pd.Series) -> Estimate:
 def blocked(frame: pd.DataFrame, why: str = "") -> Estimate:
     """The blocked paired test: the geometric mean of the cells' geometric means, with a Student-t
     interval over cells (each cell one block, whatever its number of prompts)."""
-    means = frame.groupby("cell")["y"].mean()
-    ci = stats.mean_ci(means.tolist())
-    t_stat = None if not ci.std else ci.mean / (ci.std / math.sqrt(ci.n))
-    p = None if t_stat is None else 2 * (1 - stats.t_cdf(abs(t_stat), ci.n - 1))
+    means = frame.groupby("cell")["y"].mean().tolist()
+    ci = stats.mean_ci(means)
+    p = None                                  # no spread between the cells' means: no test
+    if ci.std:
+        with warnings.catch_warnings():       # cell means equal but for rounding warn of precision loss; p is then ~0
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p = float(scipy_stats.ttest_1samp(means, 0.0).pvalue)
     return Estimate(math.exp(ci.mean), math.exp(ci.low), math.exp(ci.high), len(frame), ci.n, p,
                     how="t over cell means" + why)
 

@@ -1,4 +1,4 @@
-"""Small numeric helpers: ROC / AUC (numpy only) and the controller's predicted efficiency."""
+"""Small numeric helpers: ROC / AUC and the controller's predicted efficiency."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -6,6 +6,7 @@ from typing import Sequence
 import math
 
 import numpy as np
+from scipy.stats import rankdata
 
 
 def roc_curve(scores: Sequence[float], labels: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
@@ -37,21 +38,9 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     n_pos, n_neg = int(labels.sum()), int((~labels).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError(f"AUC needs both classes; got {n_pos} positive and {n_neg} negative labels")
-    ranks = _average_ranks(scores)
+    ranks = rankdata(scores)                    # 1-based, ties given their average rank
     u = ranks[labels].sum() - n_pos * (n_pos + 1) / 2
     return float(u / (n_pos * n_neg))
-
-
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties given their average rank."""
-    order = np.argsort(values, kind="mergesort")
-    sorted_values = values[order]
-    ranks = np.empty(len(values), dtype=float)
-    start = 0
-    for end in np.r_[np.flatnonzero(np.diff(sorted_values)) + 1, len(values)]:
-        ranks[order[start:end]] = (start + 1 + end) / 2
-        start = end
-    return ranks
 
 
 def predicted_ratio(survival: Sequence[float], cost_draft: float, cost_verify: float,

@@ -25,7 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import estimates
-from analysis.claims import fmt_ci, paired_ratio, report_arguments, standing, write_report
+from analysis.claims import paired_ratio, report_arguments, standing, write_report
 from analysis.frames import RECYCLED, SELECTION_CELL, percent, selection_samples
 from analysis.load import results_or_exit
 from analysis.provenance import PoolingError, check_poolable
@@ -71,7 +71,7 @@ def same_budget_table(s: pd.DataFrame) -> pd.DataFrame:
                             "tokens/round (top-K)": accepted["mean_accepted_mine"].mean(),
                             "tokens/round (other)": accepted["mean_accepted_theirs"].mean(),
                             "top-K accepts more on": f"{more} of {len(accepted)} prompts",
-                            "top-K / other": fmt_ci(ci), "standing": standing(ci)})
+                            "top-K / other": ci.text(), "standing": standing(ci)})
     return pd.DataFrame(records)
 
 
@@ -90,7 +90,7 @@ def best_budget_table(s: pd.DataFrame) -> pd.DataFrame:
             ci = paired_ratio(rows, label(RECYCLED), label(other))
             records.append({**dict(zip(SELECTION_CELL, key)), "vs": other, "top-K best budget": best[RECYCLED],
                             "top-K speed-up": means[RECYCLED, best[RECYCLED]], "other best budget": best[other],
-                            "other speed-up": means[other, best[other]], "top-K / other": fmt_ci(ci),
+                            "other speed-up": means[other, best[other]], "top-K / other": ci.text(),
                             "standing": standing(ci)})
     return pd.DataFrame(records)
 

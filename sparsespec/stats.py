@@ -110,59 +110,71 @@ def speedup(method_tokens_per_s: float | None, ar_tokens_per_s: float | None) ->
 # --------------------------------------------------------------------------------------------
 # across prompts
 
+# a judgement of an interval against no effect (a ratio of 1): `Estimate.verdict`
+REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+NOT_MEASURABLE = "not measurable here"       # no estimate at all: nothing was measured to compare
+
 
 @dataclass(frozen=True)
-class MeanCI:
-    n: int
-    mean: float | None
-    std: float | None          # sample standard deviation (n - 1); None below two values
-    low: float | None          # Student-t 95% confidence interval of the mean; None below two values
+class Estimate:
+    """A mean, or a ratio's geometric mean, with its 95% interval: the one interval type of the
+    harness's summaries (`mean_ci`, `geometric_ci`) and of `analysis/` (per cell, and pooled over cells
+    with how many cells it rests on, its p-value and how it was computed)."""
+    mean: float | None         # the estimate; for a ratio, exp of its log-scale estimate (also `ratio`)
+    low: float | None          # its confidence interval (Student-t for `mean_ci`); None without one
     high: float | None
+    n: int = 0                 # values (prompts) it rests on
+    cells: int = 1             # blocks (cells) those values came in
+    p: float | None = None     # p-value against no effect (a ratio of 1); None where not computed
+    how: str = ""
+    std: float | None = None   # sample standard deviation (n - 1), of the logs for a ratio; None below two values
+
+    @property
+    def ratio(self) -> float | None:
+        """The estimate, named for a ratio (`mean`)."""
+        return self.mean
+
+    def text(self, unit: str = "×") -> str:
+        """`1.52× [1.20, 1.93]`; `–` without an estimate; `1.52× (n=1)` without an interval."""
+        if self.mean is None:
+            return "–"
+        if self.low is None:
+            return f"{self.mean:.2f}{unit} (n={self.n})"
+        return f"{self.mean:.2f}{unit} [{self.low:.2f}, {self.high:.2f}]"
+
+    def sample(self) -> str:
+        """`n = 54 prompts in 18 cells`."""
+        return f"n = {self.n} prompt{'s' * (self.n != 1)} in {self.cells} cell{'s' * (self.cells != 1)}"
+
+    def verdict(self) -> str:
+        """For a ratio: reproduced (interval above 1), contradicted (interval below 1), inconclusive (it
+        holds 1, or there is no interval), not measurable here (no estimate)."""
+        if self.mean is None:
+            return NOT_MEASURABLE
+        if self.low is None:
+            return INCONCLUSIVE
+        return REPRODUCED if self.low > 1 else CONTRADICTED if self.high < 1 else INCONCLUSIVE
+
+    def columns(self) -> tuple[float, float, float]:
+        """(estimate, low, high) for a table's columns, NaN where missing."""
+        return tuple(math.nan if x is None else x for x in (self.mean, self.low, self.high))
 
 
-def t_cdf(t: float, dof: int) -> float:
-    """P(T <= t) for Student's t with an integer `dof` >= 1, in closed form (Abramowitz & Stegun
-    26.7.3-4): with theta = atan(t / sqrt(dof)) and c = cos^2(theta),
-    odd dof:  1/2 + (theta + sin(theta) cos(theta) (1 + 2/3 c + 2*4/(3*5) c^2 + ...)) / pi,
-    even dof: 1/2 + sin(theta)/2 (1 + 1/2 c + 1*3/(2*4) c^2 + ...), dof // 2 terms (odd: (dof-1)//2)."""
-    theta = math.atan(t / math.sqrt(dof))
-    c, sin = math.cos(theta) ** 2, math.sin(theta)
-    series, term = 0.0, 1.0
-    if dof % 2:
-        for j in range(1, (dof - 1) // 2 + 1):
-            series += term
-            term *= c * (2 * j) / (2 * j + 1)
-        inner = theta + (sin * math.cos(theta) * series if dof > 1 else 0.0)
-        return 0.5 + inner / math.pi
-    for j in range(1, dof // 2 + 1):
-        series += term
-        term *= c * (2 * j - 1) / (2 * j)
-    return 0.5 + sin * series / 2
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """The p-quantile (0.5 <= p < 1) of Student's t with integer `dof`, by bisection on `t_cdf`."""
-    low, high = 0.0, 1.0
-    while t_cdf(high, dof) < p:
-        high *= 2
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_cdf(mid, dof) < p else (low, mid)
-    return (low + high) / 2
-
-
-def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> MeanCI:
+def mean_ci(values: Iterable[float], level: float = CI_LEVEL) -> Estimate:
     """Mean over prompts with its Student-t confidence interval: mean +- t_{(1+level)/2, n-1} * s / sqrt(n)."""
     values = [float(v) for v in values if v is not None and not math.isnan(v)]
     n = len(values)
     if n == 0:
-        return MeanCI(0, None, None, None, None)
+        return Estimate(None, None, None, 0)
     mean = statistics.fmean(values)
     if n < 2:
-        return MeanCI(n, mean, None, None, None)
+        return Estimate(mean, None, None, n)
+    # imported here: the harness imports this module on GPU images that may lack scipy, and needs it
+    # only for an interval over two or more prompts
+    from scipy.stats import t
     std = statistics.stdev(values)
-    half = t_quantile((1 + level) / 2, n - 1) * std / math.sqrt(n)
-    return MeanCI(n, mean, std, mean - half, mean + half)
+    half = float(t.ppf((1 + level) / 2, n - 1)) * std / math.sqrt(n)
+    return Estimate(mean, mean - half, mean + half, n, std=std)
 
 
 def log_ratios(values: Iterable[float | None]) -> list[float]:
@@ -174,14 +186,14 @@ def log_ratios(values: Iterable[float | None]) -> list[float]:
     return [math.log(v) for v in values]
 
 
-def geometric_ci(ratios: Iterable[float | None], level: float = CI_LEVEL) -> MeanCI:
+def geometric_ci(ratios: Iterable[float | None], level: float = CI_LEVEL) -> Estimate:
     """Geometric mean of positive ratios with its Student-t interval on the log scale:
     exp(m +- t_{(1+level)/2, n-1} * s / sqrt(n)), m and s the mean and sample SD of log r.
     `mean` is exp(m), `std` is s (the SD of the logs, not of the ratios), `low`/`high` the
     interval's bounds (both > 0); one ratio gives itself and no interval, none gives None."""
     logs = mean_ci(log_ratios(ratios), level)
     exp = lambda x: None if x is None else math.exp(x)      # noqa: E731
-    return MeanCI(logs.n, exp(logs.mean), logs.std, exp(logs.low), exp(logs.high))
+    return Estimate(exp(logs.mean), exp(logs.low), exp(logs.high), logs.n, std=logs.std)
 
 
 # --------------------------------------------------------------------------------------------

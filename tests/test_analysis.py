@@ -22,6 +22,7 @@ from analysis.metrics import auc, predicted_ratio, roc_curve
 from analysis.plots import FIGURES
 from analysis.tables import measured_costs, method_comparison, paper_vs_measured
 from conftest import run_py_here, slow_but
+from helpers import log_scale_interval
 from sparsespec.harness.results import aggregate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -401,13 +402,6 @@ def run_speedups(summary_path: Path) -> list[float]:
     lines = (summary_path.parent / "samples.jsonl").read_text().splitlines()
     return [json.loads(line)["speedup_vs_ar"] for line in lines]
 
-
-def log_scale_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean and its Student-t 95% interval on the log scale, computed here with scipy."""
-    from scipy import stats as scipy_stats
-    logs = np.log(ratios)
-    half = scipy_stats.t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / math.sqrt(len(logs))
-    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
 @pytest.mark.slow   # writes every figure (the fixture, ~6 s): `make test`

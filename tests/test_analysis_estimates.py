@@ -71,6 +71,27 @@ def test_identical_prompts_within_cells_fall_back_to_the_blocked_test_over_cell_
     assert est.ratio == pytest.approx((1.1 * 1.2 * 1.15) ** (1 / 3))
 
 
+def test_the_blocked_test_is_scipys_one_sample_t_test_of_the_cell_means():
+    """Its interval and p-value against a ratio of 1 are those of a t test of the cells' mean logs (each cell
+    one block, whatever its number of prompts); no spread between cells: no p-value."""
+    from scipy import stats as scipy_stats
+    frame = pd.DataFrame({"cell": ["a"] * 3 + ["b"] * 2 + ["c"] * 4 + ["d"],
+                          "y": np.log([1.1, 1.1, 1.1, 1.3, 1.3, 0.95, 0.95, 0.95, 0.95, 1.2])})
+    test = scipy_stats.ttest_1samp(np.log([1.1, 1.3, 0.95, 1.2]), 0.0)
+    interval = test.confidence_interval(0.95)
+    est = estimates.blocked(frame)
+    assert (est.n, est.cells) == (10, 4)
+    assert est.p == pytest.approx(test.pvalue, rel=1e-12)
+    assert (est.low, est.high) == (pytest.approx(math.exp(interval.low), rel=1e-13),
+                                   pytest.approx(math.exp(interval.high), rel=1e-13))
+    assert estimates.blocked(frame.assign(y=0.5)).p is None
+
+
+def test_the_mixed_models_wald_interval_uses_the_normal_quantile():
+    from scipy import stats as scipy_stats
+    assert estimates.Z == scipy_stats.norm.ppf(0.975) == pytest.approx(1.959963984540054, abs=1e-15)
+
+
 def test_context_slope_recovers_the_change_per_doubling():
     """speed-up = 1.3 x 1.08 ** log2(ctx / 2000) x jitter, two series: the slope is 1.08 per doubling."""
     rows = [{"series": s, "ctx": ctx, "speedup": base * 1.08 ** math.log2(ctx / 2000) * j}

@@ -4,7 +4,6 @@ folders whose expected values the tests compute from the samples they wrote."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from analysis import claims
 from analysis.figures import main as figures_main
 from analysis.frames import depth_bin, retrieval_by_depth
 from analysis.load import load_results
+from helpers import log_scale_interval
 
 MODEL, CTX, AR_TPS = "m", 4000, 10.0
 # per prompt: (depth as the task measured it, SparseSpec-L's speed-up, streaming's, exact-match score)
@@ -54,13 +54,6 @@ def write_claimed_tasks(root: Path, speedups=(1.8, 2.0, 2.2)) -> None:
         write_run(root / task / "sparsespec", task, "sparsespec",
                   [sample(f"{i:03d}", x) for i, x in enumerate(speedups)])
 
-
-def log_scale_interval(ratios) -> tuple[float, float, float]:
-    """Geometric mean and its Student-t 95% interval on the log scale, computed here with scipy."""
-    from scipy import stats as scipy_stats
-    logs = np.log(ratios)
-    half = scipy_stats.t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / math.sqrt(len(logs))
-    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
 def expected_by_depth(column: int) -> dict[float, tuple]:

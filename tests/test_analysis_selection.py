@@ -3,7 +3,6 @@ answers), and the command reads a real harness sweep end to end."""
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pandas as pd
@@ -12,6 +11,7 @@ import pytest
 from analysis import selection
 from analysis.frames import SELECTION_CELL
 from analysis.provenance import PoolingError, check_poolable
+from helpers import log_scale_interval
 
 AR = 10.0
 SPEED = {("sparsespec_fixed", 0.02): 1.5, ("streaming", 0.02): 1.0,     # top-K holds, the window collapses
@@ -54,13 +54,6 @@ def test_budget_table_gives_each_draft_its_acceptance_speed_and_costs():
     assert table.loc[("sparsespec_fixed", 0.1), "c_draft_ms"] == pytest.approx(50.0)
     assert table.loc[("streaming", 0.02), "n"] == 3 and table["outputs_match_ar"].all()
 
-
-def log_scale_interval(ratios) -> tuple[float, float, float]:
-    """Geometric mean and its Student-t 95% interval on the log scale, computed here with scipy."""
-    from scipy import stats as scipy_stats
-    logs = np.log(ratios)
-    half = scipy_stats.t.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / math.sqrt(len(logs))
-    return math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)
 
 
 def test_budget_table_speedup_is_a_geometric_mean_with_a_log_scale_interval():

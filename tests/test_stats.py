@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers import log_scale_interval
 from sparsespec import eos, lm_eval_stats, stats
 from sparsespec.generation import Generation, Round
 from sparsespec.harness.results import aggregate, batch_metrics, build_sample
@@ -51,23 +52,24 @@ def test_mean_ci_is_student_t_over_prompts():
     half = 3.182446305284263 * sd / 2                       # t_{0.975, 3}, from a table
     assert (ci.n, ci.mean, ci.std) == (4, pytest.approx(mean), pytest.approx(sd))
     assert (ci.low, ci.high) == (pytest.approx(mean - half), pytest.approx(mean + half))
-    assert stats.mean_ci([2.0]) == stats.MeanCI(1, 2.0, None, None, None)
+    assert stats.mean_ci([2.0]) == stats.Estimate(2.0, None, None, 1)
     assert stats.mean_ci([]).mean is None
     assert stats.mean_ci([1.0, float("nan"), 3.0]).n == 2
 
 
+@pytest.mark.parametrize("values", [[1.2, 1.5], [1.2, 1.5, 1.3], [0.1, 2.0, -0.4, 3.3, 0.7], list(range(31))])
+@pytest.mark.parametrize("level", [0.95, 0.9])
+def test_mean_ci_is_scipy_t_interval_for_small_samples(values, level):
+    """The interval is scipy's one-sample t interval to the last few bits (a normal quantile, or a t
+    quantile off by a degree of freedom, misses it by 1e-3 or more)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    want = scipy_stats.ttest_1samp(values, 0.0).confidence_interval(level)
+    ci = stats.mean_ci(values, level)
+    assert (ci.low, ci.high) == (pytest.approx(want.low, rel=1e-13), pytest.approx(want.high, rel=1e-13))
+    assert type(ci.low) is float and type(ci.high) is float          # JSON-ready in summary.json
+
+
 SKEWED = [0.4, 0.5, 0.6, 12.0]          # one large ratio: the arithmetic interval reaches below 0
-
-
-def log_scale_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """exp(mean(log r) -+ t_{0.975, n-1} * sd(log r) / sqrt(n)), computed here with scipy and math."""
-    from scipy.stats import t as scipy_t
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    mean = sum(logs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = scipy_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def test_a_skewed_set_of_ratios_gets_a_positive_log_scale_interval():
@@ -81,7 +83,7 @@ def test_a_skewed_set_of_ratios_gets_a_positive_log_scale_interval():
 
 def test_geometric_ci_cancels_reciprocal_ratios_and_gives_no_interval_for_one():
     assert stats.geometric_ci([2.0, 0.5]).mean == pytest.approx(1.0)      # the arithmetic mean would be 1.25
-    assert stats.geometric_ci([1.5]) == stats.MeanCI(1, 1.5, None, None, None)
+    assert stats.geometric_ci([1.5]) == stats.Estimate(1.5, None, None, 1)
     assert stats.geometric_ci([]).mean is None
     assert stats.geometric_ci([None, 2.0, float("nan"), 8.0]).mean == pytest.approx(4.0)
 
@@ -96,12 +98,17 @@ def test_a_speedup_needs_both_rates_measured():
     assert stats.speedup(0.0, 3.0) is None and stats.speedup(6.0, 0.0) is None and stats.speedup(None, 3.0) is None
 
 
-@pytest.mark.parametrize("dof", [1, 2, 3, 4, 7, 10, 31, 120])
-def test_t_quantile_matches_scipy(dof):
-    scipy_t = pytest.importorskip("scipy.stats").t
-    assert stats.t_quantile(0.975, dof) == pytest.approx(scipy_t.ppf(0.975, dof), rel=1e-12)
-    for x in (-2.0, 0.3, 1.7):
-        assert stats.t_cdf(x, dof) == pytest.approx(scipy_t.cdf(x, dof), abs=1e-14)
+def test_one_interval_type_reads_as_a_mean_and_as_a_ratio():
+    """mean_ci, geometric_ci and analysis' estimates return one type: the harness reads mean/std,
+    analysis ratio/cells/p/how, both low/high/n."""
+    from analysis import estimates
+    ci = stats.geometric_ci([1.2, 1.5, 1.3])
+    assert type(ci) is type(stats.mean_ci([1.0, 2.0])) is type(estimates.geometric([1.2, 1.5])) is stats.Estimate
+    assert estimates.Estimate is stats.Estimate
+    assert ci.ratio == ci.mean and ci.std == pytest.approx(stats.mean_ci([math.log(r) for r in (1.2, 1.5, 1.3)]).std)
+    assert ci.text() == f"{ci.mean:.2f}× [{ci.low:.2f}, {ci.high:.2f}]" and ci.verdict() == stats.REPRODUCED
+    assert ci.sample() == "n = 3 prompts in 1 cell"
+    assert stats.Estimate(1.5, None, None, 1).text() == "1.50× (n=1)" and stats.mean_ci([]).text() == "–"
 
 
 def test_cost_metrics_and_the_bound():
