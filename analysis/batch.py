@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 
 from analysis import estimates
-from analysis.claims import report_arguments, write_report
 from analysis.load import results_or_exit
 from analysis.plots import new_figure
+from analysis.publish import report_arguments, write_report
 from analysis.tables import ctx_label, order_methods, per_run
 from sparsespec import stats
 from sparsespec.tables import markdown_table

@@ -25,10 +25,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import estimates
-from analysis.claims import paired_ratio, report_arguments, standing, write_report
+from analysis.claims import paired_ratio, standing
 from analysis.frames import RECYCLED, SELECTION_CELL, percent, selection_samples
 from analysis.load import results_or_exit
 from analysis.provenance import PoolingError, check_poolable
+from analysis.publish import report_arguments, write_report
 from analysis.tables import ctx_label
 from sparsespec.tables import markdown_table
 

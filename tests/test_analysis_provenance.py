@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import claims
+from analysis import claims, publish
 from analysis.figures import main as figures_main
 from analysis.load import load_results
 from analysis.provenance import PoolingError, cell_provenance, check_poolable
@@ -54,7 +54,7 @@ def write_cell(root: Path, chunk: str = "chunk", commits: dict | None = None, co
 
 def published(tmp_path: Path) -> tuple[Path, Path]:
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{claims.MARK_BEGIN}\nOLD-BLOCK\n{claims.MARK_END}\n")
+    readme.write_text(f"intro\n{publish.MARK_BEGIN}\nOLD-BLOCK\n{publish.MARK_END}\n")
     doc = tmp_path / "docs" / "claims.md"
     doc.parent.mkdir()
     doc.write_text("published\n")

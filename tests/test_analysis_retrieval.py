@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import claims
+from analysis import claims, publish
 from analysis.figures import main as figures_main
 from analysis.frames import depth_bin, retrieval_by_depth
 from analysis.load import load_results
@@ -134,4 +134,4 @@ def test_without_retrieval_the_claims_gain_no_accuracy_column_and_no_depth_secti
     s = claims.samples(load_results(tmp_path / "runs"))
     assert "exact match" not in claims.claim_across_tasks(s).pooled
     assert "retrieval exact match" not in claims.claim_quality(s).evidence
-    assert claims.depth_table(s).empty
+    assert publish.depth_table(s).empty

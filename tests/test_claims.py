@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import claims
+from analysis import claims, publish
 from analysis.frames import selection_samples
 from analysis.provenance import PoolingError
 
@@ -173,10 +173,10 @@ def test_a_prompt_decoded_twice_in_one_cell_is_refused():
 
 
 def test_readme_block_is_replaced_between_markers_and_a_missing_block_is_an_error(tmp_path):
-    text = f"intro\n{claims.MARK_BEGIN}\nold\n{claims.MARK_END}\noutro\n"
-    assert claims.replace_block(text, "NEW") == "intro\nNEW\noutro\n"
+    text = f"intro\n{publish.MARK_BEGIN}\nold\n{publish.MARK_END}\noutro\n"
+    assert publish.replace_block(text, "NEW") == "intro\nNEW\noutro\n"
     with pytest.raises(SystemExit, match="claims:begin"):
-        claims.replace_block("no markers", "NEW")
+        publish.replace_block("no markers", "NEW")
 
 
 def test_prefill_savings_count_every_method_but_one_per_shared_prefill():
@@ -185,7 +185,7 @@ def test_prefill_savings_count_every_method_but_one_per_shared_prefill():
                 "prompt_id": prompt, "prefill_s": prefill_s, "prefill_sharers": sharers}
     df = pd.DataFrame([ar_row("m_32k", "000", 100.0, 5), ar_row("m_32k", "001", 200.0, 5),
                        ar_row("m_8k", "000", 30.0, 1, ctx=8000)])             # prefilled alone: nothing saved
-    table = claims.prefill_savings(df, walls={"m_32k": 1800.0})
+    table = publish.prefill_savings(df, walls={"m_32k": 1800.0})
     assert len(table) == 1
     row = table.iloc[0]
     assert (row["ctx"], row["prompts"], row["methods per prefill"]) == ("32K", 2, "5")
@@ -193,10 +193,10 @@ def test_prefill_savings_count_every_method_but_one_per_shared_prefill():
     assert row["prefill time saved"] == "20 min"                          # (100 + 200) s x 4
     assert row["prefill s/prompt"] == "150 [100, 200]"
     assert row["chunk wall time"] == "30 min"
-    assert claims.prefill_savings(df, walls={})["chunk wall time"].iloc[0] == "–"
+    assert publish.prefill_savings(df, walls={})["chunk wall time"].iloc[0] == "–"
 
 
 def test_chunk_wall_times_sum_the_sittings_of_a_chunk(tmp_path):
     (tmp_path / "wall_times.tsv").write_text("a\t600\t2026-01-01T00:00:00Z\nb\t60\tx\na\t300\ty\n")
-    assert claims.chunk_wall_seconds(tmp_path) == {"a": 900.0, "b": 60.0}
-    assert claims.chunk_wall_seconds(tmp_path / "missing") == {}
+    assert publish.chunk_wall_seconds(tmp_path) == {"a": 900.0, "b": 60.0}
+    assert publish.chunk_wall_seconds(tmp_path / "missing") == {}
