@@ -22,22 +22,34 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sparsespec.attention import (apply_probs, attention_received, grouped_attention_probs, sparsespec_attention,
+                                  visible_keys)
+from sparsespec.harness.environment import cpu_name
+from sparsespec.logits import target_logits
+from sparsespec.models import load_model
+from sparsespec.shared_prefill import SharedPrefill
+from sparsespec.tables import markdown_table
 
-from sparsespec.attention import (ExplicitAttentionHook, apply_probs, attention_received,  # noqa: E402
-                                  grouped_attention_probs, sparsespec_attention, visible_keys)
-from sparsespec.logits import target_logits  # noqa: E402
-from sparsespec.harness.environment import cpu_name  # noqa: E402
-from sparsespec.models import load_model  # noqa: E402
-from sparsespec.shared_prefill import SharedPrefill  # noqa: E402
-from sparsespec.tables import markdown_table  # noqa: E402
+
+class ExplicitAttentionHook:
+    """Verification of one sequence over a plain (preallocated) cache, as the loop's
+    `BatchVerifyHook` computes it: probabilities in packed-GQA form, out = P @ V;
+    `observer(layer_idx, probs)`, if given, sees each layer's probabilities (B, Hkv, G, q, N)."""
+
+    def __init__(self, observer=None):
+        self.observer = observer
+
+    def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
+        q, n = query.shape[2], key.shape[2]
+        probs = grouped_attention_probs(query, key, visible_keys(attention_mask, q, n, query.device), scaling)
+        if self.observer is not None:
+            self.observer(module.layer_idx, probs)
+        return apply_probs(probs, value, query.dtype), None
 
 
 def median_ms(fn, repeats: int) -> float:

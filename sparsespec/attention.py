@@ -6,12 +6,12 @@ hook, the layer runs transformers' own SDPA attention (prefill, drafting). A hoo
 - `ObservedPrefillHook` (prefill): SDPA output computed once, then every observer it was given
   sees `(layer_idx, query, key, visible_or_None, scaling)` and keeps its own statistics (e.g. the
   SnapKV observation window). Observers of several methods can share one prefill this way.
-- `ExplicitAttentionHook` (verification of one sequence; the decode loop's batched form is
-  `batch_cache.BatchVerifyHook`): attention computed explicitly
-  in packed-GQA form, out = P @ V. No `repeat_kv`, and no slow masked-SDPA fallback on CPU. An
-  optional observer receives P (B, Hkv, G, q, N) per layer (SparseSpec-L recycles it; no second
-  attention pass); without one, nothing extra is computed.
-- `StaticDraftHook` (drafting over a fixed-shape draft cache): packed-GQA SDPA with a slot mask.
+- Verification (`batch_cache.BatchVerifyHook`): attention from explicit probabilities in packed-GQA
+  form, out = P @ V (`grouped_attention_probs`, `apply_probs`): no `repeat_kv`, and no slow
+  masked-SDPA fallback on CPU; an observer receives P (B, Hkv, G, q, N) per layer (SparseSpec-L
+  recycles it, no second attention pass). An AR step (one query, no observer) attends by
+  `one_query_attention` instead.
+- Gathered drafting (`batch_cache.BatchDraftHook`): packed-GQA SDPA over the draft cache, slot mask.
 - `QueryAwareDraftHook` (drafting over the full cache): a `select` callback picks, from this very
   draft query, the cached positions each KV head attends to (oracle, Quest).
 
@@ -147,26 +147,6 @@ def one_query_attention(path: str, module, query, key, value, scaling, **kwargs)
     raise ValueError(f"ar_attention={path!r}; accepted: {', '.join(AR_ATTENTION)}")
 
 
-class ExplicitAttentionHook:
-    """Verification of several tokens: attention from explicit probabilities in packed-GQA form.
-
-    Every speculative method verifies this way, so they all pay the same verification. It calls no
-    masked SDPA, whose CPU path over a long cache is a non-fused fallback kernel.
-
-    `observer(layer_idx, probs)`, if given, sees each layer's probabilities (B, Hkv, G, q, N)."""
-
-    def __init__(self, observer=None):
-        self.observer = observer
-
-    def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
-        q, n = query.shape[2], key.shape[2]
-        visible = visible_keys(attention_mask, q, n, query.device)
-        probs = grouped_attention_probs(query, key, visible, scaling)
-        if self.observer is not None:
-            self.observer(module.layer_idx, probs)
-        return apply_probs(probs, value, query.dtype), None
-
-
 class ObservedPrefillHook:
     """Prefill: transformers' SDPA output, computed once; then each observer sees
     `(layer_idx, query, key, visible_or_None, scaling)` (visible: bool (B|1, 1, q, N), None when
@@ -206,28 +186,8 @@ class QueryAwareDraftHook:
         visible = None if attention_mask is None else visible_keys(attention_mask, query.shape[2], n, query.device)
         positions = self.select(layer, query, key, visible, scaling, self.length, start)   # (Hkv, M)
         full = self.cache.layers[layer]
-        keys, values = gather_positions(full.keys, full.values, positions)
+        keys, values = gather_positions(full.keys, full.values, positions.unsqueeze(0))
         drafted = slice(max(self.length, start), n)                        # this round's draft tokens
         keys = torch.cat([keys, key[:, :, drafted]], dim=2)
         values = torch.cat([values, value[:, :, drafted]], dim=2)
         return grouped_sdpa(query, keys, values, scaling), None
-
-
-class StaticDraftHook:
-    """Drafting over a `StaticDraftCache`: the query attends to the slots whose absolute position it
-    may see (filled, not in its future, inside a sliding window), per KV head; packed-GQA SDPA.
-
-    The mask comes from tensors only, so the draft step has fixed shapes end to end."""
-
-    def __init__(self, cache):
-        self.cache = cache
-
-    def __call__(self, module, query, key, value, attention_mask, scaling, **kwargs):
-        hkv = key.shape[1]                                              # q == 1 while drafting
-        layer = self.cache.layers[module.layer_idx]
-        qpos = self.cache.query_position.view(1, 1)
-        visible = (layer.positions >= 0) & (layer.positions <= qpos)    # (Hkv, C)
-        window = kwargs.get("sliding_window")
-        if window is not None:
-            visible &= layer.positions > qpos - window
-        return grouped_sdpa(query, key, value, scaling, visible.view(1, hkv, 1, -1)), None

@@ -142,32 +142,61 @@ class BatchVerifyHook:
 class BatchDraftLayer(OwnedLayer):
     """(B, Hkv, S, D) draft buffers: the gathered positions in slots [0, M) (padded per sequence,
     `positions` -1 where empty), then one slot per draft step. `positions` (B, Hkv, S) holds each
-    slot's absolute position. The draft step's query position lives in the owner."""
+    slot's absolute position. The draft step's query position lives in the owner.
+
+    Two shapes, one layer: by default S = M + steps, reallocated each round, and `update` returns
+    the filled slots; with the owner's fixed `capacity`, S = capacity for every round, the buffers
+    keep their addresses, the fill count is a device tensor and `update` returns the whole buffer,
+    so a draft step has one shape end to end (what `torch.compile` and CUDA graphs capture)."""
 
     def load(self, keys, values, positions) -> None:
         """keys/values (B, Hkv, M, D) at absolute `positions` (B, Hkv, M), -1 = padding."""
         b, h, m, d = keys.shape
-        s = m + self.owner.steps
-        self.keys = keys.new_zeros(b, h, s, d)
-        self.values = values.new_zeros(b, h, s, values.shape[-1])
-        self.positions = positions.new_full((b, h, s), -1)
-        self.keys[:, :, :m], self.values[:, :, :m], self.positions[:, :, :m] = keys, values, positions
-        self.fill = m
+        capacity = self.owner.capacity
+        if capacity is None:
+            self.allocate(keys, values, positions, m + self.owner.steps)
+            self.fill = m
+        else:
+            if m + self.owner.steps > capacity:
+                raise RuntimeError(f"draft cache overflow: {m} positions + {self.owner.steps} steps > capacity {capacity}")
+            if not self.is_initialized or self.keys.shape[0] != b:
+                self.allocate(keys, values, positions, capacity)
+                self.fill = torch.zeros(1, dtype=torch.long, device=keys.device)
+                for t in (self.keys, self.values, self.positions, self.fill):
+                    torch._dynamo.mark_static_address(t)       # fixed addresses: CUDA graphs replay over them
+            self.positions[:, :, m:].fill_(-1)
+            self.fill.fill_(m)
+        self.keys[:, :, :m].copy_(keys)
+        self.values[:, :, :m].copy_(values)
+        self.positions[:, :, :m].copy_(positions)
         self.is_initialized = True
 
+    def allocate(self, keys, values, positions, slots: int) -> None:
+        b, h, _, d = keys.shape
+        self.keys = keys.new_zeros(b, h, slots, d)
+        self.values = values.new_zeros(b, h, slots, values.shape[-1])
+        self.positions = positions.new_full((b, h, slots), -1)
+
     def update(self, key_states, value_states, *args, **kwargs):
-        f = self.fill                                                      # one draft token per step
+        qpos = self.owner.query_position.view(-1, 1, 1).expand(-1, self.positions.shape[1], 1)   # (B, Hkv, 1)
+        if self.owner.capacity is not None:                                 # one draft token per step
+            self.keys.index_copy_(2, self.fill, key_states)
+            self.values.index_copy_(2, self.fill, value_states)
+            self.positions.index_copy_(2, self.fill, qpos)
+            self.fill.add_(1)
+            return self.keys, self.values
+        f = self.fill
         self.keys[:, :, f] = key_states[:, :, 0]
         self.values[:, :, f] = value_states[:, :, 0]
-        self.positions[:, :, f] = self.owner.query_position                # (B, 1) -> (B, Hkv)
+        self.positions[:, :, f] = qpos[:, :, 0]
         self.fill = f + 1
         return self.keys[:, :, :f + 1], self.values[:, :, :f + 1]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.fill + query_length, 0
+        return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
-        return self.fill
+        return self.owner.capacity if self.owner.capacity is not None else self.fill
 
     def get_max_length(self) -> int:
         return self.keys.shape[2]
@@ -177,17 +206,19 @@ class BatchDraftLayer(OwnedLayer):
 
 
 class BatchDraftCache(Cache):
-    """One `BatchDraftLayer` per layer; `query_position` (B, 1) is each sequence's draft position."""
+    """One `BatchDraftLayer` per layer; `query_position` (B, 1) is each sequence's draft position.
+    `capacity`: None, slots sized to each round; or a fixed slot count (the fixed-shape mode)."""
 
-    def __init__(self, num_layers: int, steps: int):
-        self.steps = steps
+    def __init__(self, num_layers: int, steps: int, capacity: int | None = None):
+        self.steps, self.capacity = steps, capacity
         self.query_position = None
         super().__init__(layers=[BatchDraftLayer(self) for _ in range(num_layers)])
 
 
 class BatchDraftHook:
     """Draft attention: each sequence's query sees its own filled slots at positions <= its own,
-    inside a sliding window where the layer has one; packed-GQA SDPA with a (B, Hkv, 1, S) mask."""
+    inside a sliding window where the layer has one; packed-GQA SDPA with a (B, Hkv, 1, S) mask
+    built from tensors only (so the fixed-shape mode has fixed shapes end to end)."""
 
     def __init__(self, cache: BatchDraftCache, windows: list):
         self.cache, self.windows = cache, windows
@@ -200,24 +231,3 @@ class BatchDraftHook:
         if window is not None:
             visible &= positions > qpos - window
         return grouped_sdpa(query, key, value, scaling, visible.unsqueeze(2)), None
-
-
-def gather_batch(keys, values, positions):
-    """keys/values (B, Hkv, C, D), positions (B, Hkv, M) (-1 = padding) -> (B, Hkv, M, D) each."""
-    b, h, c, d = keys.shape
-    m = positions.shape[-1]
-    base = (torch.arange(b, device=keys.device).view(b, 1, 1) * h
-            + torch.arange(h, device=keys.device).view(1, h, 1)) * c
-    flat = (positions.clamp_min(0) + base).reshape(-1)                                # (B*Hkv*M,)
-    k = keys.reshape(b * h * c, d).index_select(0, flat).view(b, h, m, d)
-    v = values.reshape(b * h * c, values.shape[-1]).index_select(0, flat).view(b, h, m, -1)
-    return k, v
-
-
-def pad_positions(per_seq: list[torch.Tensor]) -> torch.Tensor:
-    """Per-sequence (Hkv, M_b) positions -> (B, Hkv, max M_b), -1 where a sequence has fewer."""
-    m = max(p.shape[-1] for p in per_seq)
-    out = per_seq[0].new_full((len(per_seq), per_seq[0].shape[0], m), -1)
-    for b, p in enumerate(per_seq):
-        out[b, :, :p.shape[-1]] = p
-    return out

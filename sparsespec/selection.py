@@ -79,28 +79,71 @@ def join_positions(sink: int, middle: torch.Tensor, hi: int, length: int) -> tor
 
 
 def select_topk_positions(scores: torch.Tensor, length: int, budget: Budget, window_start: int = 0) -> torch.Tensor:
-    """Positions for the draft of one layer: (Hkv, M) long, M = min(budget.total, length - window_start).
+    """One sequence's draft positions for one layer: (Hkv, M) long, M = min(budget.total, length - window_start).
 
     scores: (Hkv, >= length) importance of each cached position (only [:length] is read)."""
-    regions = draft_regions(length, budget, window_start)
-    if regions is None:
-        return dense_positions(scores.shape[0], length, window_start, scores.device)
-    sink, lo, hi = regions
-    top = scores[:, lo:hi].topk(budget.topk, dim=-1, sorted=False).indices + lo if budget.topk \
-        else scores.new_empty(scores.shape[0], 0, dtype=torch.long)
-    return join_positions(sink, top, hi, length)
+    return select_topk_batch([scores], [length], [budget], [window_start])[0]
+
+
+def select_topk_batch(scores: list, lengths: list[int], budgets: list[Budget], window_starts: list[int]) -> torch.Tensor:
+    """A batch's draft positions for one layer: (B, Hkv, max M_b), -1 where sequence b has fewer.
+
+    scores[b]: (Hkv, >= L_b) importance of sequence b's cached positions. The top-K shares come from
+    one top-k over a (B, Hkv, span) tensor: each row's candidates [lo_b, hi_b), -inf elsewhere."""
+    regions = [draft_regions(n, budget, ws) for n, budget, ws in zip(lengths, budgets, window_starts)]
+    shares = [budget.topk if region is not None else 0 for region, budget in zip(regions, budgets)]
+    picks = top_k_picks(scores, regions, shares)
+    rows = []
+    for b, (s, n, region, share, ws) in enumerate(zip(scores, lengths, regions, shares, window_starts)):
+        if region is None:
+            rows.append(dense_positions(s.shape[0], n, ws, s.device))
+            continue
+        sink, _, hi = region
+        middle = picks[b, :, :share] if share else s.new_empty(s.shape[0], 0, dtype=torch.long)
+        rows.append(join_positions(sink, middle, hi, n))
+    return pad_positions(rows)
+
+
+def top_k_picks(scores: list, regions: list, shares: list[int]) -> torch.Tensor | None:
+    """(B, Hkv, max K_b) positions of the K_b highest scores in each row's [lo_b, hi_b), or None
+    when no row has a top-K share. A row taking fewer than the most reads the first K_b of a sorted
+    top-k (the others' ranks do not matter: sorted only then)."""
+    most = max(shares)
+    if not most:
+        return None
+    first = min(r[1] for r, k in zip(regions, shares) if k)
+    last = max(r[2] for r, k in zip(regions, shares) if k)
+    ref = next(s for s, k in zip(scores, shares) if k)
+    ranked = ref.new_full((len(scores), ref.shape[0], last - first), float("-inf"))          # (B, Hkv, span)
+    for b, (region, share) in enumerate(zip(regions, shares)):
+        if share:
+            _, lo, hi = region
+            ranked[b, :, lo - first:hi - first] = scores[b][:, lo:hi]
+    sort = any(0 < k < most for k in shares)
+    return ranked.topk(most, dim=-1, sorted=sort).indices + first
 
 
 def gather_positions(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
-    """Gather per-KV-head positions from a (1, Hkv, C, D) buffer -> (1, Hkv, M, D).
-
-    One flattened `index_select` over (Hkv*C, D) rows: flat index = head * C + position."""
-    _, hkv, cap, d = keys.shape
+    """keys/values (B, Hkv, C, D), positions (B, Hkv, M) (-1 = padding, read as slot 0) ->
+    (B, Hkv, M, D) each: one flattened `index_select` over (B*Hkv*C, D) rows,
+    flat index = (b * Hkv + head) * C + position."""
+    b, h, c, d = keys.shape
     m = positions.shape[-1]
-    flat = (positions + torch.arange(hkv, device=positions.device).unsqueeze(1) * cap).reshape(-1)
-    k = keys.reshape(hkv * cap, d).index_select(0, flat).view(1, hkv, m, d)
-    v = values.reshape(hkv * cap, values.shape[-1]).index_select(0, flat).view(1, hkv, m, -1)
+    base = (torch.arange(b, device=keys.device).view(b, 1, 1) * h
+            + torch.arange(h, device=keys.device).view(1, h, 1)) * c
+    flat = (positions.clamp_min(0) + base).reshape(-1)                                # (B*Hkv*M,)
+    k = keys.reshape(b * h * c, d).index_select(0, flat).view(b, h, m, d)
+    v = values.reshape(b * h * c, values.shape[-1]).index_select(0, flat).view(b, h, m, -1)
     return k, v
+
+
+def pad_positions(per_seq: list[torch.Tensor]) -> torch.Tensor:
+    """Per-sequence (Hkv, M_b) positions -> (B, Hkv, max M_b), -1 where a sequence has fewer."""
+    m = max(p.shape[-1] for p in per_seq)
+    out = per_seq[0].new_full((len(per_seq), per_seq[0].shape[0], m), -1)
+    for b, p in enumerate(per_seq):
+        out[b, :, :p.shape[-1]] = p
+    return out
 
 
 def sliding_window_of(model, layer_idx: int) -> int | None:

@@ -16,6 +16,7 @@ from sparsespec.decode import sparsespec_attention
 from sparsespec.method_options import resolve
 from sparsespec.errors import ConfigError
 from sparsespec.methods import METHODS, policies
+from sparsespec.selection import select_topk_positions
 from sparsespec.methods.base import DecodeState
 from sparsespec.methods.policies import POLICIES
 from sparsespec.methods.policies.quest import QuestPolicy, page_key_bounds, page_upper_bounds
@@ -61,7 +62,7 @@ def test_a_new_policy_is_one_class():
     ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=16, stop_at_eos=False)
     options = drafter_cls.Options.build({"sink": 2, "recent": 4, "topk": 6, "draft_weights": "full"})
     drafter = drafter_cls(model, prompt_len=120, max_new_tokens=16, max_k=3, options=options)
-    positions = drafter.policy.select_positions(0, 120, 0)
+    positions = select_topk_positions(drafter.policy.draft_scores(0), 120, drafter.policy.budget, 0)
     assert positions.shape == (2, 12) and set(positions[0, 2:8].tolist()) <= set(range(2, 116, 2))
     gen = run_drafter(model, prompt, drafter, new=16, k=3)
     assert gen.tokens == ar.tokens

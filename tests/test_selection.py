@@ -5,8 +5,8 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.attention import ExplicitAttentionHook, attention_received
-from sparsespec.cache import PreallocatedCache
+from sparsespec.attention import attention_received
+from sparsespec.batch_cache import BatchCache, BatchVerifyHook
 from sparsespec.decode import sparsespec_attention
 from sparsespec.selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
 
@@ -59,7 +59,7 @@ def test_gather_reads_each_heads_own_positions():
     keys = torch.arange(2 * 10 * 3, dtype=torch.float32).view(1, 2, 10, 3)
     values = -keys
     pos = torch.tensor([[0, 5, 9], [1, 2, 3]])
-    k, v = gather_positions(keys, values, pos)
+    k, v = gather_positions(keys, values, pos.unsqueeze(0))
     assert torch.equal(k[0, 0], keys[0, 0, [0, 5, 9]]) and torch.equal(k[0, 1], keys[0, 1, [1, 2, 3]])
     assert torch.equal(v, -k)
 
@@ -72,11 +72,14 @@ def test_recorded_scores_equal_eager_attention_reduced_per_kv_group():
     with torch.no_grad():
         attn = model(prompt, output_attentions=True).attentions         # per layer (1, H, q, N)
     model.set_attn_implementation("sdpa")
-    cache = PreallocatedCache(4, 64)
+    cache = BatchCache(4, 64, [0], torch.device("cpu"))
+    for layer in cache.layers:                                          # (1, Hkv, capacity, D), filled by the prompt
+        layer.keys, layer.values, layer.is_initialized = torch.zeros(1, 2, 64, 16), torch.zeros(1, 2, 64, 16), True
     recorded = {}
-    hook = ExplicitAttentionHook(lambda layer, probs: recorded.__setitem__(layer, attention_received(probs)))
+    hook = BatchVerifyHook(cache, [None] * 4, [lambda layer, probs: recorded.__setitem__(layer, attention_received(probs))])
     with torch.no_grad(), sparsespec_attention(model):
         model(prompt[:, :40], past_key_values=cache, use_cache=True)
+        cache.set_lengths([40])
         out = model(prompt[:, 40:], past_key_values=cache, use_cache=True, attn_hook=hook).logits
     with torch.no_grad():
         ref = model(prompt).logits[:, 40:]

@@ -5,8 +5,8 @@ policy (`sparsespec/methods/policies/`) selects per KV head: sinks + recent + a 
 drafters run every policy; which one follows from the policy's base class:
 
 - `GatheredKVDrafter` (a `KVPolicy`): the policy selects once per round; the positions are gathered
-  into a small draft cache (the batch's padded one, or fixed-shape for compilation). Draft tokens'
-  K/V go to the draft cache only; the full cache is untouched until verification.
+  into a small draft cache (the batch's padded one, in its fixed-shape mode for compilation). Draft
+  tokens' K/V go to the draft cache only; the full cache is untouched until verification.
 - `QueryAwareKVDrafter` (a `QueryAwarePolicy`: oracle, Quest): the policy selects at every draft
   step from the draft query; steps run over the full cache and are rolled back before verification.
   It drafts one sequence at a time (a batch of one).
@@ -20,10 +20,10 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import QueryAwareDraftHook, StaticDraftHook
-from ..batch_cache import BatchCache, BatchDraftCache, BatchDraftHook, gather_batch, pad_positions
-from ..cache import StaticDraftCache, num_decoder_layers
-from ..selection import gather_positions, sliding_window_of, window_start
+from ..attention import QueryAwareDraftHook
+from ..batch_cache import BatchCache, BatchDraftCache, BatchDraftHook
+from ..cache import num_decoder_layers
+from ..selection import gather_positions, select_topk_batch, sliding_window_of, window_start
 from .base import BatchModelProposer, DecodeState, ModelDrafter
 from .policies import KVPolicy, QueryAwarePolicy
 from .policies.base import DraftCacheOptions
@@ -71,69 +71,49 @@ class SparseKVDrafter(ModelDrafter):
 
 
 class GatheredKVDrafter(SparseKVDrafter):
-    """Selects once per round and drafts over a gathered draft cache: a batch's padded one
-    (`GatheredProposer`), or with `static_draft`/`compile_draft` a fixed-shape one of its own, one
-    sequence at a time."""
+    """Selects once per round and drafts over a gathered draft cache (`GatheredProposer`): the
+    batch's, padded per sequence; with `static_draft`/`compile_draft` its fixed-shape mode (one
+    sequence at a time: a finished sequence would change the batch's shape)."""
     batchable = True
 
     def __init__(self, model, **kw):
         super().__init__(model, **kw)
-        max_k, static_draft, compile_draft = self.max_k, self.opts.static_draft, self.opts.compile_draft
+        compile_draft = self.opts.compile_draft
         self.draft_dtype = next(self.drafting_model.parameters()).dtype
-        self.static = static_draft or bool(compile_draft)
+        self.static = self.opts.static_draft or bool(compile_draft)
         self.batchable = not self.static
-        if self.static:   # M gathered positions + the round's draft tokens (+1 discarded step)
-            self.draft_cache = StaticDraftCache(num_decoder_layers(model), self.budget.total + max_k + 2,
-                                                device=model.device)
-            self.draft_hook = StaticDraftHook(self.draft_cache)
         self.step_model = self.drafting_model
-        if compile_draft:   # CUDA graphs need the fixed addresses the static cache marks
+        if compile_draft:   # CUDA graphs need the fixed addresses the fixed-shape cache marks
             backend = "inductor" if compile_draft is True else compile_draft
             mode = "reduce-overhead" if model.device.type == "cuda" and backend == "inductor" else None
             self.step_model = torch.compile(self.drafting_model, dynamic=False, backend=backend, mode=mode)
         self.resolved_options.update(static_draft=self.static)
 
-    def select_positions(self, layer: int, length: int) -> torch.Tensor:
-        """(Hkv, M) the positions layer `layer` drafts over, of a sequence of `length` cached positions."""
-        return self.policy.select_positions(layer, length, window_start(self.windows[layer], length))
-
-    def prepare(self, state: DecodeState) -> None:
-        """(static draft) Select each layer's positions and gather them into the draft cache."""
-        length = state.length
-        for i, (full, draft) in enumerate(zip(state.cache.layers, self.draft_cache.layers)):
-            positions = self.select_positions(i, length)
-            keys, values = gather_positions(full.keys, full.values, positions)
-            draft.load(keys.to(self.draft_dtype), values.to(self.draft_dtype), positions)
-
-    def step(self, state, token, position) -> torch.Tensor:
-        """(static draft) One draft step over the fixed-shape draft cache -> (V,) logits."""
-        position_ids = torch.tensor([[position]], device=state.device)
-        self.draft_cache.query_position.copy_(position_ids)
-        out = self.step_model(input_ids=token, position_ids=position_ids, past_key_values=self.draft_cache,
-                              use_cache=True, attn_hook=self.draft_hook, logits_to_keep=1)
-        return out.logits[0, -1]
-
     def batch_proposer(self, windows: list):
-        if self.static:
-            return super().batch_proposer(windows)                  # one sequence at a time
-        return GatheredProposer(self.drafting_model, self.draft_dtype, windows, self.max_k)
+        # fixed shape: M gathered positions + the round's draft tokens (+1 discarded step)
+        capacity = self.budget.total + self.max_k + 2 if self.static else None
+        return GatheredProposer(self.step_model, self.draft_dtype, windows, self.max_k, capacity)
 
 
 class GatheredProposer(BatchModelProposer):
     """A gathered sparse-KV draft for a batch: each sequence's own policy selects its positions,
-    gathered into one padded draft cache."""
+    gathered into one padded draft cache (of a fixed `capacity` of slots, or sized each round)."""
 
-    def __init__(self, model, dtype: torch.dtype, windows: list, max_k: int):
-        self.model, self.dtype = model, dtype
-        self.cache = BatchDraftCache(len(windows), steps=max_k + 2)
+    def __init__(self, model, dtype: torch.dtype, windows: list, max_k: int, capacity: int | None = None):
+        self.model, self.dtype, self.windows = model, dtype, windows
+        self.cache = BatchDraftCache(len(windows), steps=max_k + 2, capacity=capacity)
         self.hook = BatchDraftHook(self.cache, windows)
 
     def prepare(self, target: BatchCache, seqs: list) -> None:
-        """Per layer: each sequence's policy selects (Hkv, M_b) positions; gathered into the draft cache."""
+        """Per layer: the batch's positions (B, Hkv, M), one top-k over every sequence's scores,
+        gathered into the draft cache."""
         lengths = target.length_list
+        policies = [s.drafter.policy for s in seqs]
+        budgets = [p.budget for p in policies]
         for i, (full, draft) in enumerate(zip(target.layers, self.cache.layers)):
-            positions = pad_positions([s.drafter.select_positions(i, lengths[b]) for b, s in enumerate(seqs)])
-            keys, values = gather_batch(full.keys, full.values, positions)            # (B, Hkv, M, D)
+            starts = [window_start(self.windows[i], n) for n in lengths]
+            positions = select_topk_batch([p.draft_scores(i) for p in policies], lengths, budgets, starts)
+            keys, values = gather_positions(full.keys, full.values, positions)        # (B, Hkv, M, D)
             draft.load(keys.to(self.dtype), values.to(self.dtype), positions)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,10 @@ a top-K share of the cache chosen by a policy. A policy decides three things:
    probabilities (B, Hkv, G, q, N). Either may be None, and then that pass costs nothing extra;
 2. how to turn that into per-(layer, KV head) scores: `scores(layer)` (Hkv, >= length), kept up
    to date in `after_prefill` / `after_verify` (the cache has grown or rolled back by then);
-3. which positions the draft attends to: `select_positions(layer, length, window_start)` once per
-   round (gathered into a small draft cache), or, for a `QueryAwarePolicy`, `select_for_query(...)`
-   at every draft step from the draft query itself.
+3. which positions the draft attends to: once per round, the batch's top-K share by one top-k over
+   every sequence's `draft_scores(layer)` (`selection.select_topk_batch`; gathered into a small draft
+   cache), or, for a `QueryAwarePolicy`, `select_for_query(...)` at every draft step from the draft
+   query itself.
 
 The sinks, the recent window, the budget and its dense fallback are shared (`sparsespec/selection.py`):
 a policy only fills the top-K share. Options are declared once in `Options` (a dataclass of
@@ -27,7 +28,7 @@ import torch
 from ...cache import num_decoder_layers
 from ...draft_weights import DRAFT_WEIGHTS
 from ...options import OptionSet, above, at_least, one_of, option
-from ...selection import Budget, resolve_budget, select_topk_positions
+from ...selection import Budget, resolve_budget
 
 # (layer_idx, query (B, H, q, D), key (B, Hkv, N, D), visible bool (B|1, 1, q, N) or None, scaling)
 PrefillObserver = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], None]
@@ -122,10 +123,11 @@ class KVPolicy:
         return None
 
     # --- 3. select ----------------------------------------------------------------------------
-    def select_positions(self, layer: int, length: int, window_start: int) -> torch.Tensor:
-        """(Hkv, M) positions in [window_start, length) the draft of this round attends to."""
+    def draft_scores(self, layer: int) -> torch.Tensor:
+        """(Hkv, >= 1) what this round's top-K share ranks: `scores(layer)`, or zeros when there are
+        none (the budget then has no top-K share to fill)."""
         scores = self.scores(layer)
-        return select_topk_positions(self.no_scores if scores is None else scores, length, self.budget, window_start)
+        return self.no_scores if scores is None else scores
 
 
 class QueryAwarePolicy(KVPolicy):
