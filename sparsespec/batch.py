@@ -13,6 +13,9 @@ prompt is an ordinary batch of B = 1.
         a finished sequence (EOS, max_new_tokens) leaves the batch: its rows are dropped, so it
         costs nothing after the round it finished in
 
+As code: `decode_together` = `set_up` (cache, sequences, first tokens) -> `loop` -> `collect`; one
+round, `batch_round` = `propose` -> `verify` -> `accept` -> `commit` -> `learn`.
+
 The batch's caches and hooks: sparsespec/batch_cache.py.
 
 The batch's k (one per round, `Controller.keep_drafting_batch`): a fixed-k controller drafts its k;
@@ -51,7 +54,7 @@ from .errors import ConfigError
 from .generation import Generation, Round
 from .logits import target_logits
 from .methods.base import BatchDraft, DecodeState
-from .sampling import Sampler, accept_greedy, accept_sampling
+from .sampling import Sampler, accept_sampling
 from .selection import sliding_window_of
 from .timing import RoundTimers, Stopwatch, synchronize
 
@@ -184,16 +187,24 @@ def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_p
     batch's."""
     for p in starts:
         p.used = True
-    prompts = [p.shared.prompt for p in starts]
-    device, max_new_tokens = prompts[0].device, starts[0].max_new_tokens
     controller = starts[0].controller                      # the batch's one controller
     if cost_prior is not None:
         controller.use_cost_prior(cost_prior)
+    cache, seqs, windows = set_up(model, starts, sampler, controller)
+    proposer = seqs[0].drafter.batch_proposer(windows)
+    clock = loop(model, cache, seqs, proposer, controller, sampler, windows, stop_ids, ar_attention)
+    return collect(seqs, starts, clock, ar_attention)
+
+
+def set_up(model, starts: list, sampler: Sampler, controller) -> tuple[BatchCache, list, list]:
+    """The batch's cache, loaded from the prefills, and one `Sequence` per start, each holding its
+    first token (picked from the prefill's logits) and its drafter's prefill set-up; each layer's window."""
+    prompts = [p.shared.prompt for p in starts]
+    device, max_new_tokens = prompts[0].device, starts[0].max_new_tokens
     capacity = max(p.numel() for p in prompts) + max_new_tokens + controller.max_k + 2
     windows = [sliding_window_of(model, i) for i in range(num_decoder_layers(model))]
     cache = BatchCache(num_decoder_layers(model), capacity, [p.numel() for p in prompts], device)
     cache.load([p.shared for p in starts])
-
     seqs = []
     for b, start in enumerate(starts):
         seq = Sequence(b, start.shared.prompt, start.drafter, sampler, capacity, max_new_tokens, model, cache)
@@ -205,8 +216,14 @@ def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_p
         seq.tokens.append(int(token))
         seq.prefill_s = start.shared.seconds + watch.seconds
         seqs.append(seq)
-    proposer = seqs[0].drafter.batch_proposer(windows)
+    return cache, seqs, windows
 
+
+def loop(model, cache: BatchCache, seqs: list, proposer, controller, sampler: Sampler, windows, stop_ids: set,
+         ar_attention: str) -> Stopwatch:
+    """Rounds until every sequence is done; a finished sequence leaves the batch (its rows are dropped)
+    and records when it finished. Returns the clock of the whole loop."""
+    device = cache.lengths.device
     active = [s for s in seqs if not s.done(stop_ids)]
     if active and len(active) < len(seqs):      # none left: every sequence ended at its first token
         cache.keep([s.index for s in active])
@@ -223,8 +240,13 @@ def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_p
                 active = [s for s in active if s not in finished]
                 if active:      # finished sequences leave: their rows cost nothing from now on
                     cache.keep([s.row for s in active])
+    return clock
+
+
+def collect(seqs: list, starts: list, clock: Stopwatch, ar_attention: str) -> BatchGenerations:
+    """One `Generation` per sequence, in order, and the batch's totals."""
     out = BatchGenerations()
-    out.decode_s, out.batch_size = clock.seconds, len(prompts)
+    out.decode_s, out.batch_size = clock.seconds, len(seqs)
     out.prefill_s = sum(s.prefill_s for s in seqs)
     for s, start in zip(seqs, starts):
         out.append(Generation(tokens=s.tokens, prefill_s=s.prefill_s, decode_s=s.finished_at, rounds=s.rounds,
@@ -241,53 +263,80 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
     `ar_attention` (the policies keep the scores of the last verification that had drafts)."""
     for row, s in enumerate(active):
         s.row = row
-    device = cache.lengths.device
-    wanted = max(s.wanted() for s in active)
-    limit = controller.start_round(limit=wanted - 1)   # the round's draft limit; 0: one plain AR step
-    timers = RoundTimers(device)
-
-    # draft: (B, k) tokens, their distributions (B, k, V) when sampling, per-sequence entropies
-    last = torch.stack([s.state.last.view(()) for s in active])                       # (B,)
-    draft = BatchDraft()
-    if proposer is not None and limit > 0:                                            # limit 0: one plain AR step
-        draft = proposer.draft(cache, active, last, controller, sampler, timers)
-    drafted, probs, entropies, steps = draft.tokens, draft.probs, draft.entropies, draft.steps
-    k = controller.submit_count(len(drafted)) if drafted else 0
-    drafts = torch.stack(drafted[:k], dim=1) if k else last.new_zeros(len(active), 0)  # (B, k)
-    per_seq = [list(col)[:k] for col in zip(*entropies)] if entropies else [[] for _ in active]
-
-    # verify [last, d_1..d_k] of every sequence in one forward; accept per sequence
+    timers = RoundTimers(cache.lengths.device)
+    limit = controller.start_round(limit=max(s.wanted() for s in active) - 1)   # 0: one plain AR step
+    last = torch.stack([s.state.last.view(()) for s in active])                  # (B,)
+    draft = propose(proposer, cache, active, last, controller, sampler, timers, limit)
+    k = controller.submit_count(len(draft.tokens)) if draft.tokens else 0
+    drafts = torch.stack(draft.tokens[:k], dim=1) if k else last.new_zeros(len(active), 0)   # (B, k)
     with timers.verify:
-        observers = [s.drafter.verify_observer() if k else None for s in active]
-        hook = BatchVerifyHook(cache, windows, observers, ar_attention)
-        inputs = torch.cat([last.view(-1, 1), drafts], dim=1)                          # (B, k+1)
-        positions = cache.slots(k + 1)                                                 # (B, k+1)
-        logits = target_logits(model, input_ids=inputs, position_ids=positions, past_key_values=cache,
-                              use_cache=True, attn_hook=hook)                          # (B, k+1, V)
-        accepted, lengths = [], []
-        for row, s in enumerate(active):
-            if sampler.greedy:
-                a, nxt = accept_greedy(drafts[row], logits[row])
-            else:
-                q = torch.stack([p[row] for p in probs[:k]]) if k and probs else None   # None: one-hot drafts
-                a, nxt = accept_sampling(drafts[row], q, logits[row], sampler)
-            st = s.state
-            st.ids[st.length + 1:st.length + 1 + a] = drafts[row, :a]
-            st.length += a + 1
-            st.ids[st.length] = nxt
-            accepted.append(a)
-            lengths.append(st.length)
-        cache.set_lengths(lengths)                                                     # the rollback
+        logits = verify(model, cache, active, last, drafts, windows, ar_attention)          # (B, k+1, V)
+        accepted, following = accept(drafts, draft.probs[:k], logits, sampler)            # (B,) each
+        commit(cache, active, drafts, accepted, following)
+    learn(controller, active, draft, k, accepted, timers)
+
+
+def propose(proposer, cache: BatchCache, active: list, last: torch.Tensor, controller, sampler: Sampler,
+            timers: RoundTimers, limit: int) -> BatchDraft:
+    """Up to `limit` draft tokens a sequence: (B,) per step, their distributions (B, V) when
+    sampling, one entropy a sequence a step. Nothing when the method proposes nothing or limit is 0."""
+    if proposer is None or limit == 0:
+        return BatchDraft()
+    return proposer.draft(cache, active, last, controller, sampler, timers)
+
+
+def verify(model, cache: BatchCache, active: list, last: torch.Tensor, drafts: torch.Tensor, windows,
+           ar_attention: str) -> torch.Tensor:
+    """One forward of [last_b, d_b1..d_bk] for every sequence over the full cache -> (B, k+1, V)
+    logits; each sequence's policy observes the attention when there are drafts (k > 0)."""
+    k = drafts.shape[1]
+    observers = [s.drafter.verify_observer() if k else None for s in active]
+    hook = BatchVerifyHook(cache, windows, observers, ar_attention)
+    inputs = torch.cat([last.view(-1, 1), drafts], dim=1)                              # (B, k+1)
+    return target_logits(model, input_ids=inputs, position_ids=cache.slots(k + 1), past_key_values=cache,
+                         use_cache=True, attn_hook=hook)
+
+
+def accept(drafts: torch.Tensor, probs: list, logits: torch.Tensor, sampler: Sampler) -> tuple[list, list]:
+    """(accepted a_b, the target's token after them) per sequence. Greedy: the longest prefix of
+    drafts equal to the target's argmax, for the whole batch at once. Sampling: exact rejection
+    sampling, each sequence on its own draws; `probs` per step (B, V), empty for one-hot drafts."""
+    if sampler.greedy:
+        target = logits.argmax(dim=-1)                                                 # (B, k+1)
+        agree = (drafts == target[:, :drafts.shape[1]]).long()                         # (B, k)
+        accepted = agree.cumprod(dim=1).sum(dim=1)                                     # (B,): the agreeing prefix
+        following = target.gather(1, accepted.view(-1, 1)).view(-1)                    # (B,)
+        return accepted.tolist(), following.tolist()
+    picks = [accept_sampling(drafts[row], torch.stack([p[row] for p in probs]) if probs else None, logits[row],
+                             sampler) for row in range(drafts.shape[0])]                # probs empty: one-hot drafts
+    return [a for a, _ in picks], [t for _, t in picks]
+
+
+def commit(cache: BatchCache, active: list, drafts: torch.Tensor, accepted: list, following: list) -> None:
+    """Each sequence keeps its a_b accepted drafts and the target's next token; the cache rolls back
+    to L_b + a_b + 1 (the rollback is setting the lengths)."""
+    for row, (s, a, nxt) in enumerate(zip(active, accepted, following)):
+        st = s.state
+        st.ids[st.length + 1:st.length + 1 + a] = drafts[row, :a]
+        st.length += a + 1
+        st.ids[st.length] = nxt
+    cache.set_lengths([s.state.length for s in active])
+
+
+def learn(controller, active: list, draft: BatchDraft, k: int, accepted: list, timers: RoundTimers) -> None:
+    """After the round: the drafters and the controller learn what was accepted, and each sequence
+    records its `Round` and its new tokens. Times are the batch's, shared by every sequence."""
+    per_seq = [list(col)[:k] for col in zip(*draft.entropies)] if draft.entropies else [[] for _ in active]
     verify_s, draft_s, select_s = timers.verify.seconds, timers.draft.seconds, timers.select.seconds
     for s, a in zip(active, accepted):
         s.drafter.after_verify(s.state, a, k)
     trace = controller.trace()                                                        # every round, k = 0 too
-    controller.observe_batch(per_seq, accepted, k, draft_s / steps if steps else None, verify_s,
+    controller.observe_batch(per_seq, accepted, k, draft_s / draft.steps if draft.steps else None, verify_s,
                              round_s=timers.seconds)
     for s, a, ents in zip(active, accepted, per_seq):
         st = s.state
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,
-                              verify_s=verify_s, select_s=select_s, draft_steps=steps, **trace))
+                              verify_s=verify_s, select_s=select_s, draft_steps=draft.steps, **trace))
         s.tokens.extend(st.ids[st.length - a:st.length + 1].tolist())
 
 

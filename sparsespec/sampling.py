@@ -59,15 +59,6 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
-    """draft (k,), target_logits (k+1, V) -> (accepted count a, the target's token at a)."""
-    target = target_logits.argmax(dim=-1)                                  # (k+1,)
-    k = draft.shape[0]
-    mismatch = (draft != target[:k]).nonzero()
-    a = int(mismatch[0, 0]) if mismatch.numel() else k
-    return a, int(target[a])
-
-
 def accept_sampling(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
                     sampler: Sampler) -> tuple[int, int]:
     """Exact rejection sampling. draft (k,), draft_probs (k, V) (None: deterministic one-hot drafts,

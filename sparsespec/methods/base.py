@@ -95,9 +95,11 @@ class Drafter:
         return None
 
     def batch_proposer(self, windows: list):
-        """The proposer of a batch of this method's sequences (this drafter is the batch's first),
-        or None when the method drafts nothing. `windows`: each layer's sliding window or None.
-        A drafter that is not `batchable` is given batches of one only."""
+        """The proposer of a batch of this method's sequences, or None when the method drafts
+        nothing. It is built from the method's options (one method and options a batch) and reads
+        each sequence's own state (its drafter's policy, its ids) through the `seqs` it is given
+        each round. `windows`: each layer's sliding window or None. A drafter that is not
+        `batchable` is given batches of one only."""
         raise NotImplementedError(f"method {self.name!r} does not propose for a batch")
 
     def after_verify(self, state: DecodeState, accepted: int, submitted: int) -> None:
