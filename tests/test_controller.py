@@ -181,13 +181,46 @@ def test_selection_seconds_are_learnt_and_favour_longer_drafts():
 
 
 def test_warmup_cycles_and_centres_update():
-    ctl = EntropyController(warmup_k=(4, 8), warmup_rounds=2)
+    ctl = EntropyController(warmup_k=(4, 8), warmup_rounds=2, fallback=False)
     assert run_online(ctl, [0.1] * 16) == (4, 4)
     ctl.observe_batch([[0.1, 0.2, 0.3, 2.0]], accepted=[3], submitted=4, draft_step_s=0.01, verify_s=0.05)
     assert run_online(ctl, [0.1] * 16) == (8, 8)
     assert ctl.mu_acc is not None and ctl.mu_rej == pytest.approx(2.0)
     # mu_acc: EMA over 0.1, 0.2, 0.3 with rate 0.1, starting from the first value
     assert ctl.mu_acc == pytest.approx(0.9 * (0.9 * 0.1 + 0.1 * 0.2) + 0.1 * 0.3)
+
+
+def test_without_a_profile_a_generation_opens_with_an_ar_step_then_warms_up_small_first():
+    ctl = EntropyController()
+    assert ctl.start_round(limit=100) == 0 and ctl.trace()["choice"] == "ar_probe"
+    ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.1, round_s=0.1)
+    assert ctl.plain.cost_ar() == 0.1
+    ks = []
+    for _ in range(3):                                   # cheap rounds: 0.12 s for up to 3 tokens
+        ks.append(ctl.start_round(limit=100))
+        ctl.keep_drafting_batch([[0.5] * ks[-1]])
+        ctl.observe_batch([[0.5] * ks[-1]], accepted=[ks[-1]], submitted=ks[-1], draft_step_s=0.01, verify_s=0.1,
+                          round_s=0.12)
+    assert ks == [2, 4, 8]                               # the warm-up grows from its smallest k
+    assert not ctl.plain.falling_back
+
+
+def test_a_warmup_round_dearer_than_its_expected_tokens_hands_over_to_the_fallback_at_once():
+    """A loaded machine: the first warm-up round costs 13 AR steps for at most 3 tokens."""
+    ctl = EntropyController()
+    ctl.start_round(limit=100)
+    ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.27, round_s=0.27)
+    k = ctl.start_round(limit=100)
+    ctl.keep_drafting_batch([[0.5] * k])
+    ctl.observe_batch([[0.5] * k], accepted=[0], submitted=k, draft_step_s=0.5, verify_s=2.6, round_s=3.6)
+    assert ctl.plain.falling_back
+    assert ctl.start_round(limit=100) == 0 and ctl.trace()["choice"] == "fallback"   # not three more warm-up rounds
+
+
+def test_a_cost_profile_with_c_ar_opens_speculating_without_an_ar_probe():
+    ctl = EntropyController()
+    ctl.use_cost_prior(CostProfile(draft_step_s=0.01, verify_s={1: 0.1, 2: 0.11}, ar_step_s=0.1))
+    assert ctl.start_round(limit=100) > 0
 
 
 def test_fixed_k_caps_at_the_limit():

@@ -41,7 +41,12 @@ i.e. the same rule on the batch's mean survival pibar_m = mean_b pi^b_m (non-inc
 unimodality argument holds). One sequence is a batch of one: pibar = pi.
 
 Warm-up and degenerate cases. Until `warmup_rounds` rounds are done and both centres exist, the
-controller drafts the prior k, cycling through `warmup_k` so that C_v's slope in k is measured.
+controller drafts the prior k, cycling through `warmup_k` (small first, growing) so that C_v's slope
+in k is measured. With the fallback on and no cost profile, a generation opens with an AR step
+("ar_probe": C_AR), and each warm-up round is judged like any speculative one: a round that costs
+more than its expected tokens' worth of AR steps, 1 + sum_{m<=k} pbar^m at the acceptance rate pbar
+seen so far, over `fallback_margin`, ends the warm-up and hands over to the fallback at once,
+so a loaded machine pays for one warm-up round, not four.
 When |mu_acc - mu_rej| < `min_separation`, entropy says nothing, so it keeps the prior k. While
 one centre is still unseen (no rejection yet, or no acceptance yet), p_i is Laplace's rule of
 succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
@@ -69,7 +74,7 @@ from ..options import OptionSet, above, at_least, in_range, non_empty, one_of, o
 from .acceptance import EntropyBins, judged, paper_acceptance, with_base_rate
 from .base import Controller
 from .cost_models import HullCostModel, LinearCostModel, expected_ratio, survival
-from .fallback import PLAIN, PROBE, PlainFallback
+from .fallback import AR_PROBE, PLAIN, PROBE, PlainFallback
 
 
 class EntropyController(Controller):
@@ -84,7 +89,8 @@ class EntropyController(Controller):
         candidates: tuple[int, ...] = option(tuple(range(1, 17)), "every k up to 16: the paper's fixed-k sweep stops there",
                                              check=non_empty(at_least(1)))
         prior_k: int = option(4, "drafted while entropy cannot yet discriminate: the best fixed k here", check=at_least(1))
-        warmup_k: tuple[int, ...] = option((4, 8), "cycled in warm-up so that C_v's slope in k is measured",
+        warmup_k: tuple[int, ...] = option((2, 4, 8), "cycled in warm-up so that C_v's slope in k is measured; "
+                                                      "small first, so a losing first round costs little",
                                            check=non_empty(at_least(1)))
         warmup_rounds: int = option(4, "rounds of measurement before the online rule takes over", check=at_least(0))
         ema_entropy: float = option(0.1, "~10-token memory for the accepted / rejected entropy centres",
@@ -147,6 +153,7 @@ class EntropyController(Controller):
         self.keep_drafted = o.keep_drafted
         self.c_verify = (HullCostModel if o.verify_cost_fit == "hull" else LinearCostModel)(ema=o.ema_cost)
         self.rounds_seen = 0
+        self.warmup_seen = 0                       # warm-up rounds run (the ar_probe not counted)
         self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
         self.plain = PlainFallback(o.cost_window, o.probe_every, o.probe_max, o.fallback_margin) if o.fallback else None
         self._reset_round(limit=self.max_k)
@@ -192,11 +199,12 @@ class EntropyController(Controller):
         self._steps = 0                            # draft steps run this round
         self._submit: int | None = None
         self._choice = ""                          # the fallback rule's choice ("": it did not choose)
+        self._warmup = False                       # a round drafted before the rule is in charge
 
     @property
     def ready(self) -> bool:
         """Costs are measured and entropy can discriminate: the online rule is in charge."""
-        if self.rounds_seen < self.warmup_rounds or self.c_draft is None or not self.c_verify.by_k:
+        if self.warmup_seen < self.warmup_rounds or self.c_draft is None or not self.c_verify.by_k:
             return False
         if self.acceptance_model == "binned":
             return True
@@ -223,9 +231,18 @@ class EntropyController(Controller):
     # --- the round protocol -----------------------------------------------------------------
     def start_round(self, limit: int) -> int:
         self._reset_round(limit)
+        if limit > 0 and self.plain is not None:
+            if self.plain.cost_ar() is None:
+                self._choice, self._fixed = AR_PROBE, 0      # C_AR first: what every later round is judged by
+                return 0
+            if self.plain.falling_back and not self.ready:   # the warm-up lost: the fallback rule decides
+                self._choice = self.plain.choose()
+                self._fixed = 0 if self._choice in PLAIN else min(self.prior_k, limit)
+                return self._fixed
         if limit <= 0 or not self.ready:
-            if self.rounds_seen < self.warmup_rounds and self.warmup_k:
-                k = self.warmup_k[self.rounds_seen % len(self.warmup_k)]
+            self._warmup = limit > 0
+            if self.warmup_seen < self.warmup_rounds and self.warmup_k:
+                k = self.warmup_k[self.warmup_seen % len(self.warmup_k)]
             else:
                 k = self.prior_k
             self._fixed = min(k, limit)
@@ -307,6 +324,20 @@ class EntropyController(Controller):
             if round_s is None:
                 round_s = submitted * (draft_step_s or 0.0) + verify_s                  # k C_d + C_v(k)
             self.plain.observe(self._choice, submitted, tokens, round_s)
+            if self._warmup and submitted and self.warmup_loses(submitted, round_s):
+                self.warmup_rounds = self.warmup_seen + 1   # the rule takes over, in fallback
+                self.plain.fall_back()
+        self.warmup_seen += self._warmup
+
+    def warmup_loses(self, k: int, round_s: float) -> bool:
+        """A warm-up round of k drafts cost more than its expected tokens' worth of AR steps
+        (module docstring), with C_AR measured."""
+        c_ar = self.plain.cost_ar()
+        if c_ar is None:
+            return False
+        rate = (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2)
+        expected = 1.0 + sum(rate ** m for m in range(1, k + 1))
+        return round_s * self.plain.margin > expected * c_ar
 
     def _learn(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
         self.n_accepted += accepted

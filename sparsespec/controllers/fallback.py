@@ -103,6 +103,10 @@ class PlainFallback:
         elif choice == PROBE:
             self.after_probe(tokens / seconds if seconds > 0 else math.inf)
 
+    def fall_back(self) -> None:
+        """Plain decoding from now on, speculation re-probed as after any switch (the warm-up lost)."""
+        self.falling_back, self.idle, self.probe_again = True, 0, False
+
     def after_probe(self, probe_rate: float) -> None:
         if not self.speculation_loses():
             self.falling_back, self.wait, self.probe_again = False, self.probe_every, False
