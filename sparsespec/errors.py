@@ -18,6 +18,12 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 
+def describe(err: BaseException) -> str:
+    """An exception as one line, its type first: what a warning or a wrapped error quotes."""
+    text = one_line(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 def exit_with_error(err: Exception) -> NoReturn:
     """The command-line convention for a user error: `error: <one line>` on stderr, exit status 2."""
     print(f"error: {one_line(err)}", file=sys.stderr, flush=True)

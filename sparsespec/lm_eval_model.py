@@ -29,7 +29,7 @@ from tqdm import tqdm
 import sparsespec
 from sparsespec import lm_eval_stats
 from sparsespec.eos import eos_token_ids
-from sparsespec.errors import ConfigError, UnavailableError
+from sparsespec.errors import ConfigError, UnavailableError, describe
 from sparsespec.method_options import coerce_options, option_names, resolve
 from sparsespec.models import EMBEDDED_MODELS, load_model
 
@@ -57,7 +57,7 @@ class SparseSpecLM(HFLM):
         try:
             super().__init__(pretrained=pretrained, **hf_args)
         except OSError as err:  # transformers' "not found / not cached / gated": say it in one line
-            raise UnavailableError(f"cannot load pretrained={pretrained!r}: {first_line(err)}") from err
+            raise UnavailableError(f"cannot load pretrained={pretrained!r}: {describe(err)}") from err
         self.method = method
         self.method_options = options
         self.request_stats: list[dict] = []
@@ -186,11 +186,6 @@ def resolve_pretrained(pretrained, hf_args: dict) -> tuple[object, dict]:
     return model, hf_args
 
 
-def first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def available_device(device: str | None) -> str | None:
     """lm-eval's CLI always passes a device (default cuda:0); like HFLM, fall back when CUDA is absent."""
     if device and device.startswith("cuda") and not torch.cuda.is_available():
@@ -213,5 +208,3 @@ def sampling_args(gen_kwargs: dict) -> dict:
     if not do_sample:
         temperature = 0.0
     return {"temperature": temperature, "top_p": top_p}
-
-

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+from .errors import describe
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class PrefillDisk:
         except FileNotFoundError:
             return None
         except Exception as error:      # a torn, truncated or foreign file: any unpickling error
-            log.warning("prefill cache: ignoring unreadable %s (%s); prefilling again", path, one_line(error))
+            log.warning("prefill cache: ignoring unreadable %s (%s); prefilling again", path, describe(error))
             return None
         if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("key") != list(key):
             log.warning("prefill cache: ignoring %s, which holds another key or format; prefilling again", path)
@@ -72,7 +73,7 @@ class PrefillDisk:
             os.replace(temporary, path)
         except OSError as error:        # a full or read-only disk: the run goes on without the file
             Path(temporary).unlink(missing_ok=True)
-            log.warning("prefill cache: could not write %s (%s); it is not kept", path, one_line(error))
+            log.warning("prefill cache: could not write %s (%s); it is not kept", path, describe(error))
             return
         self.evict()
 
@@ -99,8 +100,3 @@ class PrefillDisk:
     @property
     def nbytes(self) -> int:
         return sum(path.stat().st_size for path in self.folder.glob("*" + SUFFIX))
-
-
-def one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

@@ -30,11 +30,6 @@ class Stopwatch:
         self.seconds += time.perf_counter() - self._start
         return False
 
-    def lap(self) -> float:
-        """Seconds so far, then reset to zero."""
-        s, self.seconds = self.seconds, 0.0
-        return s
-
 
 class RoundTimers:
     """The three stopwatches of one round of the decode loop (sparsespec/batch.py)."""

@@ -10,13 +10,12 @@ import logging
 import shutil
 from pathlib import Path
 
+from sparsespec.errors import describe
+
 from .checks import wandb_mode
 
 log = logging.getLogger(__name__)
 
-
-def _one_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 SAMPLE_COLUMNS = ("prompt_id", "method", "context_tokens", "new_tokens", "prefill_s", "decode_s",
                   "tokens_per_s", "ar_tokens_per_s", "speedup_vs_ar", "mean_accepted", "acceptance_rate",
@@ -60,7 +59,7 @@ class WandbTracker(Tracker):
         try:
             fn()
         except Exception as err:  # W&B raises many types (network, service, usage); none may stop a run
-            log.warning("W&B %s failed (%s); continuing with local results only", what, _one_line(err))
+            log.warning("W&B %s failed (%s); continuing with local results only", what, describe(err))
             self.run = None
 
     def log_prompt(self, index: int, sample: dict) -> None:
@@ -140,13 +139,13 @@ def make_tracker(options: dict, *, config: dict, folder: Path, name: str, group:
         run = _start_wandb(options, mode, **start)
     except Exception as err:  # import, service start-up, network or login errors alike
         if mode == "offline":
-            log.warning("W&B unavailable (%s); continuing with local results only", _one_line(err))
+            log.warning("W&B unavailable (%s); continuing with local results only", describe(err))
             return Tracker()
-        problem, mode = f"W&B {mode} failed ({_one_line(err)})", "offline"
+        problem, mode = f"W&B {mode} failed ({describe(err)})", "offline"
         try:
             run = _start_wandb(options, mode, **start)
         except Exception as err2:  # same as above, offline this time
-            log.warning("%s, and offline too (%s); continuing with local results only", problem, _one_line(err2))
+            log.warning("%s, and offline too (%s); continuing with local results only", problem, describe(err2))
             return Tracker()
     where = Path(run.dir).parent
     if problem:

@@ -1,7 +1,9 @@
 """Plain autoregressive decoding: the drafter that proposes nothing.
 
 Every round verifies just the newest token, i.e. one ordinary decode step on the same cache as the
-speculative methods (transformers' SDPA, no mask, when the batch's sequences have one length). It is the baseline of every speed-up."""
+speculative methods, attending by the path the caller chose (`ar_attention`: packed-GQA by default;
+the harness measures every path and takes the fastest). It is the baseline of every speed-up, and
+every k = 0 round of the other methods is this very step."""
 from __future__ import annotations
 
 from .base import Drafter
@@ -9,7 +11,6 @@ from .base import Drafter
 
 class AutoregressiveDrafter(Drafter):
     name = "ar"
-    controllers = ("fixed",)
     drafts = False
     batchable = True
 
