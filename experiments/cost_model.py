@@ -29,26 +29,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sparsespec import stats  # noqa: E402
-from sparsespec.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention  # noqa: E402
-from sparsespec.batch import Sequence, batch_round  # noqa: E402
-from sparsespec.batch_cache import BatchCache  # noqa: E402
-from sparsespec.cache import num_decoder_layers  # noqa: E402
-from sparsespec.controllers import make_controller  # noqa: E402
-from sparsespec.method_options import resolve  # noqa: E402
-from sparsespec.methods import METHODS  # noqa: E402
-from sparsespec.sampling import Sampler  # noqa: E402
-from sparsespec.selection import sliding_window_of  # noqa: E402
-from sparsespec.tables import markdown_table  # noqa: E402
-from sparsespec.timing import synchronize  # noqa: E402
+from sparsespec import stats
+from sparsespec.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
+from sparsespec.batch import Sequence, batch_round
+from sparsespec.batch_cache import BatchCache
+from sparsespec.cache import num_decoder_layers
+from sparsespec.controllers import make_controller
+from sparsespec.method_options import resolve
+from sparsespec.methods import METHODS
+from sparsespec.sampling import Sampler
+from sparsespec.selection import sliding_window_of
+from sparsespec.tables import markdown_table
+from sparsespec.timing import synchronize
 
 SHAPES = {
     # Meta-Llama-3-8B: GQA 32/8 heads, head dim 128, rope theta 5e5; positions up to 128K (Llama 3.1)

@@ -67,6 +67,7 @@ mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 STAGE=$(mktemp -d /tmp/gpu_check.XXXXXX)
 exec > >(tee -a "$OUTDIR/gpu_check.log") 2>&1
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"   # the project's packages, installed or not (a device image has them uninstalled)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 elapsed() { echo $((SECONDS - T0)); }
 section() { echo; echo "=== [$(elapsed) s] $*"; }
@@ -116,7 +117,6 @@ section "(a) benchmark: experiment=bench_gpu, $BENCH_MODEL, contexts $BENCH_CONT
 A_STATUS="skipped"
 timeout 60 "$PY" - "$BENCH_MODEL" <<'EOF' > "$STAGE/preflight.txt" 2>&1
 import sys
-sys.path.insert(0, ".")
 missing = []
 for mod, pkg in (("hydra", "hydra-core"), ("omegaconf", "omegaconf")):
     try:

@@ -11,6 +11,11 @@ shared prefill a prompt, each at its own measured thread count) into `<out>/<cas
     matmul  a second process at normal priority running 2 threads of 2-row matmuls (1536 x 576, SmolLM2's
             MLP), like a second decoding job on the node: the load that stalls a verification's threads
 
+With `--library`, each load also gets a `library` case per length of `--library-tokens` (default
+64 and 256): the same prompts decoded by `sparsespec.generate(model, ids, method=...)` as a library
+user calls it (defaults, no cost profile, no thread choice, each call its own prefill), AR and the
+method alternating which goes first, into `<out>/library_<case>_<tokens>/case.json`.
+
 A load is bounded in time: it stops by itself after --load-s seconds or once the benchmark's process
 is gone, and the case stops it when its run ends. Every case writes `<out>/<case>/case.json` (speed-up, chosen threads, share of k = 0
 rounds, whether the machine was busy, whether the load lasted the whole run), then `<out>/load_bench.md`
@@ -31,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 CASE_FILE = "case.json"
 TABLE_FILE = "load_bench.md"
@@ -181,6 +185,55 @@ def case_record(load: Load, folder: Path, summaries: dict, background: Backgroun
             "n_prompts": m["n_prompts"]}
 
 
+def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: float, tokens: int,
+                     method: str = METHOD) -> dict:
+    """AR and `method` through `sparsespec.generate` with its defaults, on the run's prompts, beside
+    `load`; the case record (the same fields as a harness case)."""
+    import math
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import sparsespec
+    from sparsespec.harness.contexts import exact_context_overrides
+    from sparsespec.harness.decoding import load_inputs
+    from sparsespec.harness.environment import collect
+    from sparsespec.harness.run_config import build_run_config
+
+    overrides = ["logger=none", *exact_context_overrides(overrides)]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        config = build_run_config(compose("config", overrides=overrides), folder)
+    model, _, prompts = load_inputs(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = []
+    with Background(load, load_s) as background:
+        for i, prompt in enumerate(prompts):
+            ids = torch.as_tensor(prompt.input_ids)
+            order = ("ar", method) if i % 2 == 0 else (method, "ar")
+            gens = {m: sparsespec.generate(model, ids, method=m, max_new_tokens=tokens, stop_at_eos=False) for m in order}
+            samples.append({"prompt_id": str(prompt.id), "order": list(order),
+                            **{f"{m}_tokens_per_s": g.tokens_per_s for m, g in gens.items()},
+                            "match": gens[method].tokens == gens["ar"].tokens,
+                            "rounds": [{"drafted": r.drafted} for r in gens[method].rounds]})
+    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    logs = [math.log(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"]) for s in samples]
+    mean = sum(logs) / len(logs)
+    low = high = None
+    if len(logs) > 1:
+        from scipy import stats as sps
+        half = sps.t.ppf(0.975, len(logs) - 1) * sps.tstd(logs) / math.sqrt(len(logs))
+        low, high = math.exp(mean - half), math.exp(mean + half)
+    env = collect(device="cpu", dtype=config.dtype)
+    return {"case": f"library {load.name} @{tokens}", "load": load.description, "method": f"{method} (generate)",
+            "overrides": overrides, "load_ran_s": background.ran_s, "load_outlived_run": background.outlived,
+            "ar_tokens_per_s": math.exp(sum(math.log(s["ar_tokens_per_s"]) for s in samples) / len(samples)),
+            "tokens_per_s": math.exp(sum(math.log(s[f"{method}_tokens_per_s"]) for s in samples) / len(samples)),
+            "speedup_vs_ar": math.exp(mean), "speedup_ci95": [low, high],
+            "outputs_match_ar": sum(s["match"] for s in samples) / len(samples), "k0_share": k0_share(samples),
+            "ar_threads": torch.get_num_threads(), "threads": torch.get_num_threads(), "bench": None,
+            "cpu": env.get("cpu"), "cpu_flags": env.get("cpu_flags"), "blas": env.get("blas"), "n_prompts": len(samples)}
+
+
 def threads_of(summary: dict) -> int | None:
     choice = summary["run"].get("threads")
     return None if choice is None else choice["threads"]
@@ -249,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, from: {', '.join(LOADS)} (default: all)")
     parser.add_argument("--load-s", type=positive_seconds, default=LOAD_S, help="a load's own time limit")
     parser.add_argument("--method", default=METHOD, help="the bench.methods entry beside AR (default: sparsespec)")
+    parser.add_argument("--library", action="store_true",
+                        help="also run each load's library cases: sparsespec.generate with its defaults")
+    parser.add_argument("--library-only", action="store_true", help="only the library cases")
+    parser.add_argument("--library-tokens", default="64,256", help="new tokens of the library cases (comma-separated)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a load's process
     parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)                  # ... and the benchmark's
     args, overrides = parser.parse_known_args(argv)
@@ -260,28 +317,42 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         parser.exit(2, f"error: {bad[0]!r} is neither an option of this script nor a run.py override key=value\n")
-    return run_cases(args.cases, args.out, overrides, args.load_s, args.method)
+    try:
+        lengths = [int(n) for n in args.library_tokens.split(",") if n]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        parser.exit(2, f"error: --library-tokens {args.library_tokens!r} must be positive integers, e.g. 64,256\n")
+    library = lengths if args.library or args.library_only else []
+    return run_cases(args.cases, args.out, overrides, args.load_s, args.method, library, harness=not args.library_only)
 
 
-def run_cases(cases: list[Load], out: Path, overrides: list[str], load_s: float, method: str = METHOD) -> int:
-    """Run every case not written yet, then table all written ones."""
+def run_cases(cases: list[Load], out: Path, overrides: list[str], load_s: float, method: str = METHOD,
+              library: list[int] = (), harness: bool = True) -> int:
+    """Run every case not written yet (the harness's, and the library's at each length of
+    `library`), then table all written ones."""
     from hydra.errors import HydraException
 
     from sparsespec.errors import ConfigError, UnavailableError, exit_with_error
     from sparsespec.tables import format_cell
 
     out.mkdir(parents=True, exist_ok=True)
-    for load in cases:
-        record_path = out / load.name / CASE_FILE
+    jobs = [(load, None) for load in cases if harness] + [(load, n) for load in cases for n in library]
+    for load, tokens in jobs:
+        name = load.name if tokens is None else f"library_{load.name}_{tokens}"
+        record_path = out / name / CASE_FILE
         if record_path.exists():
-            print(f"{load.name}: done already ({record_path}), skipped", flush=True)
+            print(f"{name}: done already ({record_path}), skipped", flush=True)
             continue
         try:
-            record = run_case(load, out / load.name, overrides, load_s, method)
+            if tokens is None:
+                record = run_case(load, out / name, overrides, load_s, method)
+            else:
+                record = run_library_case(load, out / name, overrides, load_s, tokens, method)
         except (ConfigError, UnavailableError, HydraException) as err:
             exit_with_error(err)
         record_path.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"{load.name}: {record['speedup_vs_ar']:.2f}x, threads AR {record['ar_threads']} / "
+        print(f"{name}: {record['speedup_vs_ar']:.2f}x, threads AR {record['ar_threads']} / "
               f"{method} {record['threads']}, k=0 rounds {format_cell(record['k0_share'], '.0%')}", flush=True)
     print(f"table: {write_table(out)}", flush=True)
     return 0
