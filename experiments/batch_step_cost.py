@@ -1,7 +1,7 @@
 """Where a batched step's time goes on this CPU (the figures docs/benchmark.md quotes for batched AR):
 
 1. the LM head alone, Qwen2.5-Coder-0.5B's shape (151936 x 896, fp32, random weights): the broadcast
-   (V, D) @ (B, D, q) product against the rows folded into one (D, B*q) matrix (sparsespec/logits.py);
+   (V, D) @ (B, D, q) product against the rows folded into one (D, B*q) matrix (sparsespec/engine/logits.py);
 2. one AR step of the real model at a 2K context, alone and batched (B = 2, 4), and a torch.profiler
    table of 8 steps at B = 2 and alone (each from its own `sparsespec.prefill`).
 

@@ -5,11 +5,11 @@
 
 No weights, no hub, no prefill: the model is built from a config (random init), and the full KV
 cache is filled with random K/V of the right shape at the given context. Every cost is then timed
-on the engine's own code path (`sparsespec.batch.batch_round`, the same round the benchmark runs,
+on the engine's own code path (`sparsespec.engine.loop.batch_round`, the same round the benchmark runs,
 with the engine's `Stopwatch`, which synchronises the GPU):
 
 - C_AR: one AR round = one decode step (1 token) over the full cache, greedy pick included, timed
-  for each way an AR step can attend (`sparsespec.attention.AR_ATTENTION`); C_AR is the fastest;
+  for each way an AR step can attend (`sparsespec.engine.attention.AR_ATTENTION`); C_AR is the fastest;
 - C_d: one sparse draft step (the `sparsespec` drafter, budget 10% of the context) over the
   gathered draft cache of M + up to k positions, per step of a k-step round;
 - C_v(k): one verification of k+1 tokens over the full cache, recording attention (sparsespec's verification observer);
@@ -35,17 +35,17 @@ from pathlib import Path
 import torch
 
 from sparsespec import stats
-from sparsespec.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
-from sparsespec.batch import Sequence, batch_round
-from sparsespec.batch_cache import BatchCache
-from sparsespec.cache import num_decoder_layers
+from sparsespec.engine.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
+from sparsespec.engine.loop import Sequence, batch_round
+from sparsespec.engine.batch_cache import BatchCache
+from sparsespec.engine.cache import num_decoder_layers
 from sparsespec.controllers import make_controller
 from sparsespec.method_options import resolve
 from sparsespec.methods import METHODS
-from sparsespec.sampling import Sampler
-from sparsespec.selection import sliding_window_of
+from sparsespec.engine.sampling import Sampler
+from sparsespec.engine.selection import sliding_window_of
 from sparsespec.tables import markdown_table
-from sparsespec.timing import synchronize
+from sparsespec.engine.timing import synchronize
 
 SHAPES = {
     # Meta-Llama-3-8B: GQA 32/8 heads, head dim 128, rope theta 5e5; positions up to 128K (Llama 3.1)

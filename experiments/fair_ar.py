@@ -35,7 +35,7 @@ import torch
 from scipy import stats as sps
 
 import sparsespec
-from sparsespec.attention import AR_ATTENTION
+from sparsespec.engine.attention import AR_ATTENTION
 from sparsespec.errors import ConfigError
 from sparsespec.hf_reference import hf_generate
 from sparsespec.models import load_model

@@ -27,12 +27,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from sparsespec.attention import (apply_probs, attention_received, grouped_attention_probs, sparsespec_attention,
+from sparsespec.engine.attention import (apply_probs, attention_received, grouped_attention_probs, sparsespec_attention,
                                   visible_keys)
 from sparsespec.harness.environment import cpu_name
-from sparsespec.logits import target_logits
+from sparsespec.engine.logits import target_logits
 from sparsespec.models import load_model
-from sparsespec.shared_prefill import SharedPrefill
+from sparsespec.engine.prefill import SharedPrefill
 from sparsespec.tables import markdown_table
 
 

@@ -1,7 +1,7 @@
 """sparsespec: SparseSpec-L self-speculative decoding and the baselines it is judged against."""
-from .decode import generate, prefill
-from .errors import ConfigError, UnavailableError
-from .generation import Generation, Round
-from .methods import METHODS, method_names
+from sparsespec.api import generate, prefill
+from sparsespec.errors import ConfigError, UnavailableError
+from sparsespec.engine.generation import Generation, Round
+from sparsespec.methods import METHODS, method_names
 
 __all__ = ["generate", "prefill", "Generation", "Round", "METHODS", "method_names", "ConfigError", "UnavailableError"]

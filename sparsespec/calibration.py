@@ -50,15 +50,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from . import threads
-from .attention import AR_ATTENTION, DEFAULT_AR_ATTENTION
-from .batch import is_batch
-from .controllers import CONTROLLERS, CycleK
-from .controllers.acceptance import EntropyBins, judged
-from .decode import generate
-from .errors import ConfigError
-from .method_options import resolve
-from .methods import METHODS
+from sparsespec import threads
+from sparsespec.engine.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION
+from sparsespec.engine.loop import is_batch
+from sparsespec.controllers import CONTROLLERS, CycleK
+from sparsespec.controllers.acceptance import EntropyBins, judged
+from sparsespec.api import generate
+from sparsespec.errors import ConfigError
+from sparsespec.method_options import resolve
+from sparsespec.methods import METHODS
 
 DEFAULT_KS = CycleK.Options().ks
 PROFILE_SHARE = 0.25   # of the run's tokens per method: today's 2-cycle profile still fits a 4 x 128-token run

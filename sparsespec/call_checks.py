@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 import weakref
 
-from .errors import ConfigError
-from .options import accepts
+from sparsespec.errors import ConfigError
+from sparsespec.options import accepts
 
 # Models already warned about running past their positions: the warning is said once per model,
 # not once per prompt (a long-context sweep would repeat it on every prompt).

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .eos import eos_token_ids
-from .errors import ConfigError
-from .generation import Generation, Round
-from .options import NoOptions, OptionSet, at_least, option
-from .timing import synchronize
+from sparsespec.engine.eos import eos_token_ids
+from sparsespec.errors import ConfigError
+from sparsespec.engine.generation import Generation, Round
+from sparsespec.options import NoOptions, OptionSet, at_least, option
+from sparsespec.engine.timing import synchronize
 
 @dataclass(frozen=True)
 class PromptLookupOptions(OptionSet):

@@ -16,10 +16,10 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .controllers import CONTROLLERS, Controller, make_controller
-from .errors import ConfigError
-from .methods import METHODS
-from .options import OptionSet, coerce
+from sparsespec.controllers import CONTROLLERS, Controller, make_controller
+from sparsespec.errors import ConfigError
+from sparsespec.methods import METHODS
+from sparsespec.options import OptionSet, coerce
 
 CONTROLLER = "controller"   # the option that picks the controller
 

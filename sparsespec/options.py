@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
-from .errors import ConfigError
+from sparsespec.errors import ConfigError
 
 UNIONS = (typing.Union, types.UnionType)
 Check = Callable[[Any], "str | None"]   # None when the value is fine, else what would be accepted

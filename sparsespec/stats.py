@@ -1,10 +1,10 @@
 """Every statistic sparsespec reports, defined once.
 
 `Generation` (one prompt), the harness's summaries (`sparsespec/harness/results.py`), the lm-eval
-statistics (`sparsespec/lm_eval_stats.py`), `analysis/` and `experiments/cost_model.py` all call
+statistics (`sparsespec/lm_eval/stats.py`), `analysis/` and `experiments/cost_model.py` all call
 these functions; none computes a rate, a speed-up or a cost of its own.
 
-A round (`sparsespec.generation.Round`, or its dict in samples.jsonl) drafts `drafted` tokens in
+A round (`sparsespec.engine.generation.Round`, or its dict in samples.jsonl) drafts `drafted` tokens in
 `draft_steps` draft forwards, verifies them in one forward, accepts `accepted` and emits `emitted`
 tokens (accepted + 1, the target's own token, fewer only when the output is cut). So:
 

@@ -99,7 +99,7 @@ def lines_printed_offline(code: str) -> list[str]:
 @pytest.fixture
 def prefill_forwards(monkeypatch):
     """The prompt lengths of every prefill forward run from here on (the memo's and decode's)."""
-    from sparsespec.shared_prefill import SharedPrefill
+    from sparsespec.engine.prefill import SharedPrefill
     seen = []
     run = SharedPrefill.run
 

@@ -10,8 +10,9 @@ from transformers.integrations import sdpa_attention
 
 import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt
-from sparsespec import ConfigError, attention, batch_cache
-from sparsespec.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, one_query_attention
+from sparsespec import ConfigError
+from sparsespec.engine import attention, batch_cache
+from sparsespec.engine.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, one_query_attention
 from sparsespec.hf_reference import hf_generate
 
 NEW = 20

@@ -1,4 +1,4 @@
-"""Batched decoding (sparsespec/batch.py) is lossless per sequence: under greedy, every sequence of a
+"""Batched decoding (sparsespec/engine/loop.py) is lossless per sequence: under greedy, every sequence of a
 batch is token-identical to its prompt decoded alone with AR (fp32, Llama, Mistral with a sliding
 window, Qwen2 with mixed layers), at mixed prompt lengths and with budgets that force rejections;
 under sampling, the joint output of a batch is exactly the product of the model's distributions.
@@ -15,9 +15,9 @@ import torch
 
 import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt, slow_but
-from sparsespec import batch
+from sparsespec.engine import loop
 from sparsespec.errors import ConfigError
-from sparsespec.sampling import Sampler
+from sparsespec.engine.sampling import Sampler
 from test_sampling import VOCAB, enumerate_outputs, model_distribution, total_variation
 
 NEW = 32
@@ -68,7 +68,7 @@ def test_batch_greedy_is_token_identical_to_ar_alone(references, arch, case):
     model, prompts, alone = references[arch]
     method, options = CASES[case]
     gens = sparsespec.generate(model, prompts, method=method, max_new_tokens=NEW, stop_at_eos=False, **options)
-    assert isinstance(gens, batch.BatchGenerations) and len(gens) == len(prompts) == gens.batch_size
+    assert isinstance(gens, loop.BatchGenerations) and len(gens) == len(prompts) == gens.batch_size
     for b, (gen, ref) in enumerate(zip(gens, alone)):
         assert gen.tokens == ref, (case, arch, b)
         assert gen.prompt_tokens == LENGTHS[b]
@@ -145,8 +145,8 @@ def test_finished_sequences_leave_the_batch(references, monkeypatch):
     eos = alone[1][5]                                         # sequence 1 produces it early
     stops = [ref.index(eos) + 1 if eos in ref else NEW for ref in alone]
     kept = []
-    original = batch.BatchCache.keep
-    monkeypatch.setattr(batch.BatchCache, "keep", lambda self, rows: (kept.append(list(rows)), original(self, rows)))
+    original = loop.BatchCache.keep
+    monkeypatch.setattr(loop.BatchCache, "keep", lambda self, rows: (kept.append(list(rows)), original(self, rows)))
     gens = sparsespec.generate(model, prompts, method="sparsespec", controller="fixed", k=4, max_new_tokens=NEW,
                                eos_token_id=eos, **TINY_BUDGET)
     for gen, ref, stop in zip(gens, alone, stops):
@@ -213,7 +213,7 @@ def test_methods_not_batched_decode_a_batch_one_sequence_at_a_time(references, a
     method, options = ONE_AT_A_TIME[case]
     rows = prompts[1:]                                        # 90, 200 and 40 tokens
     gens = sparsespec.generate(model, rows, method=method, max_new_tokens=NEW, stop_at_eos=False, **options)
-    assert isinstance(gens, batch.BatchGenerations) and len(gens) == gens.batch_size == len(rows)
+    assert isinstance(gens, loop.BatchGenerations) and len(gens) == gens.batch_size == len(rows)
     assert [g.tokens for g in gens] == alone[1:], (arch, case)
     assert [g.prompt_tokens for g in gens] == list(LENGTHS[1:])
     assert all(g.options["batch_size"] == len(rows) and g.method == method for g in gens)
@@ -228,11 +228,11 @@ def rows_decoded_by_the_loop(monkeypatch, rows):
     parts = iter(rows)
 
     def one_part(model, starts, sampler, stop_ids, cost_prior=None, ar_attention=None):
-        part = batch.BatchGenerations([next(parts)])
+        part = loop.BatchGenerations([next(parts)])
         part.decode_s, part.prefill_s, part.batch_size = part[0].decode_s + 0.5, part[0].prefill_s, 1
         return part
-    monkeypatch.setattr(batch, "decode_together", one_part)
-    return batch.decode_each(None, [object()] * len(rows), Sampler(), set())
+    monkeypatch.setattr(loop, "decode_together", one_part)
+    return loop.decode_each(None, [object()] * len(rows), Sampler(), set())
 
 
 def rows_decoded_by_transformers(monkeypatch, rows):
@@ -252,7 +252,7 @@ def rows_decoded_by_transformers(monkeypatch, rows):
 def test_rows_one_after_another_keep_their_own_times(monkeypatch, path):
     """Both ways of decoding a batch row after row time it by one rule: each row keeps its own decode
     time (its tokens/s is its prompt's alone), and the batch's is the sum of the rows' times."""
-    from sparsespec.generation import Generation, Round
+    from sparsespec.engine.generation import Generation, Round
     own = [1.0, 2.0, 4.0]
     rows = [Generation(tokens=[7] * (n + 1), prefill_s=0.1 * n, decode_s=s, method="x",
                        rounds=[Round(drafted=0, accepted=0, emitted=1, entropies=[], draft_s=0.0, verify_s=0.0)] * n)
@@ -286,7 +286,7 @@ def test_sampled_batch_not_batched_is_its_prompts_one_after_another(references):
         return Sampler(temperature=1.0, generator=torch.Generator().manual_seed(11))
 
     def decode(rows, sampler):
-        return [g.tokens for g in sparsespec.decode.decode_prompts(
+        return [g.tokens for g in sparsespec.api.decode_prompts(
             model, rows, method=method, max_new_tokens=NEW, options=options, sampler=sampler, stop_ids=set())]
     together = decode(prompts[1:], sampler())
     stream = sampler()
@@ -321,7 +321,7 @@ def joint_distribution(model, prompts, method, **options) -> dict[tuple, float]:
     """Exact distribution of the batch's outputs (tuple of each sequence's tokens), every branch of
     the batched loop's random choices enumerated (test_sampling.py's enumerating sampler)."""
     def decode_once(sampler) -> tuple:
-        out = sparsespec.decode.decode_prompts(model, [p.clone() for p in prompts], method=method,
+        out = sparsespec.api.decode_prompts(model, [p.clone() for p in prompts], method=method,
                                                max_new_tokens=SAMPLED_NEW, sampler=sampler, stop_ids=set(),
                                                options=options)
         return tuple(tuple(g.tokens) for g in out)
@@ -404,7 +404,7 @@ def test_a_sweep_over_batch_sizes_prefills_each_prompt_once_with_prefill_memo(ha
     """prefill_memo_gb keeps the prompts' prefills from one run of the process to the next: the B=2
     run after the B=1 run runs no prefill forward, says so, and stays lossless."""
     import sparsespec.harness.decoding as decoding
-    import sparsespec.shared_prefill as shared_prefill
+    import sparsespec.engine.prefill as shared_prefill
     run, _, prompts = harness_run
     monkeypatch.setattr(decoding, "PREFILL_MEMO", shared_prefill.PrefillMemo())
     forwards = prefill_forwards
@@ -502,7 +502,7 @@ def test_harness_decodes_a_batch_of_a_method_that_cannot_batch_one_sequence_at_a
 # --- lm-eval: --batch_size ------------------------------------------------------------------------
 
 def test_lm_eval_model_generates_a_padded_batch_like_each_request_alone(references, monkeypatch):
-    from sparsespec import lm_eval_model
+    from sparsespec.lm_eval import model as lm_eval_model
 
     model, prompts, alone = references["qwen2"]
     stop = next(t for t in range(128) if all(t not in ref[:10] for ref in alone[1:4]))

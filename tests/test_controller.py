@@ -357,7 +357,7 @@ def test_cost_profile_measures_every_k_and_a_run_from_it_stays_lossless(arch, fi
 
 def test_profile_of_reads_the_acceptance_evidence_of_its_rounds():
     from sparsespec.calibration import profile_of
-    from sparsespec.generation import Round
+    from sparsespec.engine.generation import Round
     rounds = [Round(drafted=3, accepted=1, emitted=2, entropies=[0.2, 2.0, 0.1], draft_s=0.03, verify_s=0.1,
                     draft_steps=3),
               Round(drafted=2, accepted=2, emitted=3, entropies=[0.4, 0.6], draft_s=0.02, verify_s=0.09,
@@ -372,7 +372,7 @@ def test_a_batch_profile_keeps_only_the_rounds_the_whole_batch_took_part_in():
     """A sequence that finishes leaves the batch; the rounds after it verify fewer rows and must not
     set C_v(k) (one such k = 5 round made the hull flat over k = 1..5 at Qwen 16K, B = 8)."""
     from sparsespec.calibration import full_batch_rounds, profile_of
-    from sparsespec.generation import Generation, Round
+    from sparsespec.engine.generation import Generation, Round
 
     def round_(k, seconds):
         return Round(drafted=k, accepted=k, emitted=k + 1, entropies=[0.1] * k, draft_s=0.01 * k,

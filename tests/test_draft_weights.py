@@ -7,7 +7,7 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.draft_weights import draft_model, resolve_draft_weights
+from sparsespec.engine.draft_weights import draft_model, resolve_draft_weights
 from sparsespec.errors import ConfigError
 
 

@@ -9,7 +9,7 @@ import torch
 import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import ConfigError
-from sparsespec.cache import PreallocatedLayer
+from sparsespec.engine.cache import PreallocatedLayer
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_a_prompt_past_the_models_positions_warns_once_per_model():
 
 
 def test_batch_of_prompts_is_decoded_batched(model):
-    """A (2, L) batch runs through sparsespec/batch.py (tests/test_batch.py): one Generation per row."""
+    """A (2, L) batch runs through sparsespec/engine/loop.py (tests/test_batch.py): one Generation per row."""
     gens = sparsespec.generate(model, torch.ones(2, 10, dtype=torch.long), method="ar", max_new_tokens=3)
     assert len(gens) == 2 and all(len(g.tokens) == 3 for g in gens)
 

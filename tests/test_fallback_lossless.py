@@ -11,7 +11,7 @@ from conftest import ARCHS, build_tiny, random_prompt
 from sparsespec.calibration import CostProfile
 from sparsespec.controllers import EntropyController
 from sparsespec.controllers.fallback import PLAIN
-from sparsespec.decode import decode, sparsespec_attention
+from sparsespec.api import decode, sparsespec_attention
 from sparsespec.method_options import resolve
 from sparsespec.methods import METHODS
 from test_sampling import NEW as SAMPLED, TOLERANCE, enumerate_outputs, model_distribution, total_variation

@@ -101,7 +101,7 @@ def item_key(item) -> str:
 
 
 def fake_gen(tokens, rounds, decode_s, prefill_s=1.0):
-    from sparsespec.generation import Generation, Round
+    from sparsespec.engine.generation import Generation, Round
 
     return Generation(tokens=tokens, prefill_s=prefill_s, decode_s=decode_s, method="x", prompt_tokens=100,
                       rounds=[Round(drafted=d, accepted=a, emitted=a + 1, entropies=[0.5] * d, draft_s=0.1,

@@ -7,7 +7,7 @@ import pytest
 import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt
 from sparsespec import ConfigError
-from sparsespec.eos import through_eos
+from sparsespec.engine.eos import through_eos
 from sparsespec.hf_reference import hf_generate, rounds_from_stamps
 
 NEW = 24

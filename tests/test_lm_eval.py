@@ -17,7 +17,7 @@ import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
-from sparsespec import lm_eval_model, lm_eval_stats
+from sparsespec.lm_eval import model as lm_eval_model, stats as lm_eval_stats
 from sparsespec.errors import ConfigError, UnavailableError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_speculation_statistics_reported(runs):
 # --- the command line: bad model_args -----------------------------------------------------------
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "sparsespec.eval", "--device", "cpu", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "sparsespec.lm_eval.cli", "--device", "cpu", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -117,7 +117,7 @@ def assert_one_line_error(returncode: int, stderr: str, message: str) -> None:
     assert returncode == 2, stderr[-2000:]
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("python -m sparsespec.eval: error: ") and message in last, last
+    assert last.startswith("python -m sparsespec.lm_eval.cli: error: ") and message in last, last
 
 
 @pytest.mark.slow   # starts a subprocess
@@ -135,7 +135,7 @@ def test_cli_unknown_method_exits_2_with_one_line():
 ])
 def test_cli_bad_model_args_one_line(model_args, message, capsys):
     """The same entry point in-process (the subprocess test above covers `python -m`)."""
-    from sparsespec import eval as entry
+    from sparsespec.lm_eval import cli as entry
 
     returncode = entry.main(["--model", "sparsespec", "--model_args", f"pretrained={EMBEDDED},{model_args}",
                              "--tasks", GEN_TASK])
@@ -143,7 +143,7 @@ def test_cli_bad_model_args_one_line(model_args, message, capsys):
 
 
 def test_cli_unknown_embedded_model_fails_before_loading(capsys):
-    from sparsespec import eval as entry
+    from sparsespec.lm_eval import cli as entry
 
     returncode = entry.main(["--model", "sparsespec", "--model_args", "pretrained=embedded:nope",
                              "--tasks", GEN_TASK])
@@ -154,19 +154,19 @@ def test_cli_unknown_embedded_model_fails_before_loading(capsys):
 @pytest.mark.slow   # lm-eval indexes every task it ships (~7 s)
 def test_cli_unknown_task_says_how_to_list_them(capsys):
     """lm-eval finds an unknown task before it loads the model; the one line says how to see the names."""
-    from sparsespec import eval as entry
+    from sparsespec.lm_eval import cli as entry
 
     returncode = entry.main(["--model", "sparsespec", "--model_args", f"pretrained={EMBEDDED}",
                              "--include_path", str(TASKS_DIR), "--tasks", f"{GEN_TASK},no_such_task"])
     assert_one_line_error(returncode, capsys.readouterr().err,
                           "--tasks no_such_task: no such task; list the accepted names with "
-                          "`python -m sparsespec.eval ls tasks`")
+                          "`python -m sparsespec.lm_eval.cli ls tasks`")
 
 
 @pytest.mark.real_model
 def test_cli_writes_speculation_file_next_to_results(tmp_path, capfd):
     """The entry point in-process (test_cli_unknown_method_exits_2_with_one_line covers `python -m`)."""
-    from sparsespec import eval as entry
+    from sparsespec.lm_eval import cli as entry
 
     returncode = entry.main(["--model", "sparsespec", "--model_args", f"{SPARSESPEC_ARGS},budget=0.2",
                              "--device", "cpu", "--include_path", str(TASKS_DIR), "--tasks", GEN_TASK,
@@ -261,7 +261,7 @@ def test_cli_default_device_falls_back_to_cpu_without_cuda():
 
 
 def test_speculation_file_written_next_to_results(tmp_path):
-    from sparsespec import eval as entry
+    from sparsespec.lm_eval import cli as entry
 
     model_dir = tmp_path / "embedded__smollm2_135m"
     model_dir.mkdir()

@@ -10,19 +10,19 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.attention import ObservedPrefillHook
-from sparsespec.cache import PreallocatedCache
-from sparsespec.decode import sparsespec_attention
+from sparsespec.engine.attention import ObservedPrefillHook
+from sparsespec.engine.cache import PreallocatedCache
+from sparsespec.api import sparsespec_attention
 from sparsespec.method_options import resolve
 from sparsespec.errors import ConfigError
 from sparsespec.methods import METHODS, policies
-from sparsespec.selection import select_topk_positions
-from sparsespec.methods.base import DecodeState
+from sparsespec.engine.selection import select_topk_positions
+from sparsespec.engine.proposers import DecodeState
 from sparsespec.methods.policies import POLICIES
 from sparsespec.methods.policies.quest import QuestPolicy, page_key_bounds, page_upper_bounds
 from sparsespec.methods.sparse_kv import SparseKVDrafter
-from sparsespec.sampling import Sampler
-from sparsespec.selection import Budget
+from sparsespec.engine.sampling import Sampler
+from sparsespec.engine.selection import Budget
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
 POLICY_METHODS = ("sparsespec", "snapkv_static", "streaming", "oracle", "h2o", "quest")
@@ -78,7 +78,7 @@ def make_drafter(model, method, prompt_len, max_new_tokens=8, **options):
 
 def run_drafter(model, prompt, drafter, new, k):
     from sparsespec.controllers import make_controller
-    from sparsespec.decode import decode
+    from sparsespec.api import decode
     controller = make_controller("fixed", k=k)
     with torch.inference_mode(), sparsespec_attention(model):
         return decode(model, prompt.view(-1), drafter, controller, Sampler(), new, set())

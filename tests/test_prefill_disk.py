@@ -1,4 +1,4 @@
-"""Prefills kept on disk (sparsespec/prefill_disk.py, `PrefillMemo(disk_dir=...)`): a new memo (as in
+"""Prefills kept on disk (sparsespec/engine/prefill_disk.py, `PrefillMemo(disk_dir=...)`): a new memo (as in
 a new process) decodes from a prefill read back from disk exactly as from a fresh one; an unreadable or
 foreign file is ignored with one warning and prefilled again; the folder keeps its cap, the least
 recently used files going first; the key follows the weights and the prompt."""
@@ -13,8 +13,8 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt, slow_but
-from sparsespec.prefill_disk import STALE_S, SUFFIX
-from sparsespec.shared_prefill import PrefillMemo
+from sparsespec.engine.prefill_disk import STALE_S, SUFFIX
+from sparsespec.engine.prefill import PrefillMemo
 
 NEW = 20
 MID_BUDGET = dict(sink=4, recent=16, budget=0.2)

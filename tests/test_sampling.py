@@ -9,11 +9,11 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt, slow_but
-from sparsespec import sampling
-from sparsespec.decode import decode, sparsespec_attention
+from sparsespec.engine import sampling
+from sparsespec.api import decode, sparsespec_attention
 from sparsespec.method_options import resolve
 from sparsespec.methods import METHODS
-from sparsespec.sampling import (Sampler, accept_sampling, acceptance_probability, residual_distribution,
+from sparsespec.engine.sampling import (Sampler, accept_sampling, acceptance_probability, residual_distribution,
                                  top_p_filter)
 
 

@@ -5,10 +5,10 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt
-from sparsespec.attention import attention_received
-from sparsespec.batch_cache import BatchCache, BatchVerifyHook
-from sparsespec.decode import sparsespec_attention
-from sparsespec.selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
+from sparsespec.engine.attention import attention_received
+from sparsespec.engine.batch_cache import BatchCache, BatchVerifyHook
+from sparsespec.api import sparsespec_attention
+from sparsespec.engine.selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
 
 
 def test_sinks_recent_topk_are_disjoint_and_in_range():

@@ -1,4 +1,4 @@
-"""One prefill per prompt (sparsespec/shared_prefill.py): every method started from a prefill it
+"""One prefill per prompt (sparsespec/engine/prefill.py): every method started from a prefill it
 shares with all the others emits exactly the tokens it emits after its own prefill, on Llama,
 Mistral (sliding window) and Qwen2 (mixed layers), and no method changes the shared state."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 import sparsespec
 from conftest import ARCHS, build_tiny, random_prompt, slow_but
 from sparsespec import ConfigError
-from sparsespec.decode import sparsespec_attention
+from sparsespec.api import sparsespec_attention
 from sparsespec.methods import METHODS
-from sparsespec.shared_prefill import PrefillMemo
+from sparsespec.engine.prefill import PrefillMemo
 
 NEW = 24
 PROMPT_LEN = 300

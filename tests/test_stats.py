@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import log_scale_interval
-from sparsespec import eos, lm_eval_stats, stats
-from sparsespec.generation import Generation, Round
+from sparsespec import stats
+from sparsespec.engine import eos
+from sparsespec.lm_eval import stats as lm_eval_stats
+from sparsespec.engine.generation import Generation, Round
 from sparsespec.harness.results import aggregate, batch_metrics, build_sample
 from sparsespec.tables import markdown_table
 

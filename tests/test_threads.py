@@ -14,7 +14,7 @@ from sparsespec import threads
 from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
                                     PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, probe_groups,
                                     profile_cycle, profile_size, reads_costs)
-from sparsespec.attention import AR_ATTENTION
+from sparsespec.engine.attention import AR_ATTENTION
 from sparsespec.calibration import CostProfile
 from sparsespec.harness.report import busy_line, threads_line
 
@@ -208,7 +208,7 @@ def test_every_profile_cycle_ends_with_plain_rounds_that_time_c_ar():
 
 def test_c_ar_is_the_median_whole_round_without_a_draft():
     from sparsespec.calibration import profile_of
-    from sparsespec.generation import Round
+    from sparsespec.engine.generation import Round
     spec = Round(drafted=2, accepted=1, emitted=2, entropies=[0.1, 0.2], draft_s=0.02, verify_s=0.05, select_s=0.01,
                  draft_steps=2)
     plain = [Round(drafted=0, accepted=0, emitted=1, entropies=[], draft_s=0.0, verify_s=v, select_s=0.0) for v in

@@ -22,8 +22,8 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Sequence
 
-from ..errors import ConfigError
-from ..options import OptionSet
+from sparsespec.errors import ConfigError
+from sparsespec.options import OptionSet
 
 CONTROLLERS: dict[str, type["Controller"]] = {}   # name -> class, filled as classes are defined
 

@@ -70,11 +70,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..options import OptionSet, above, at_least, in_range, non_empty, one_of, option
-from .acceptance import EntropyBins, judged, paper_acceptance, with_base_rate
-from .base import Controller
-from .cost_models import HullCostModel, LinearCostModel, expected_ratio, survival
-from .fallback import AR_PROBE, PLAIN, PROBE, PlainFallback
+from sparsespec.options import OptionSet, above, at_least, in_range, non_empty, one_of, option
+from sparsespec.controllers.acceptance import EntropyBins, judged, paper_acceptance, with_base_rate
+from sparsespec.controllers.base import Controller
+from sparsespec.controllers.cost_models import HullCostModel, LinearCostModel, expected_ratio, survival
+from sparsespec.controllers.fallback import AR_PROBE, PLAIN, PROBE, PlainFallback
 
 
 class EntropyController(Controller):

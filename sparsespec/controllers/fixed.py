@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..options import OptionSet, at_least, option
-from .base import Controller
+from sparsespec.options import OptionSet, at_least, option
+from sparsespec.controllers.base import Controller
 
 
 class FixedK(Controller):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import OptionSet, at_least, option
-from .fixed import FixedK
+from sparsespec.options import OptionSet, at_least, option
+from sparsespec.controllers.fixed import FixedK
 
 
 class HeuristicK(FixedK):

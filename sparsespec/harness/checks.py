@@ -16,7 +16,7 @@ from sparsespec.method_options import resolve
 from sparsespec.options import accepts
 from sparsespec.tasks import SOURCES, TASKS, check_task_options
 
-from .order import check_run_order
+from sparsespec.harness.order import check_run_order
 
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")

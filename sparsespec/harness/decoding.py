@@ -13,17 +13,17 @@ from tqdm import tqdm
 
 import sparsespec
 from sparsespec import calibration, hf_reference, threads
-from sparsespec.batch import one_after_another
+from sparsespec.engine.loop import one_after_another
 from sparsespec.calibration import RunCalibration
 from sparsespec.errors import ConfigError
 from sparsespec.models import load_model, max_context
-from sparsespec.shared_prefill import PrefillMemo
+from sparsespec.engine.prefill import PrefillMemo
 from sparsespec.tasks import load_prompts
 
-from .checks import check_context_fits
-from .plan import (MethodRun, batches, decoders_for, in_run_order, profiles_to_measure, reference_of)
-from .recording import batch_fields, record, sample_of
-from .run_config import AR, RunConfig
+from sparsespec.harness.checks import check_context_fits
+from sparsespec.harness.plan import (MethodRun, batches, decoders_for, in_run_order, profiles_to_measure, reference_of)
+from sparsespec.harness.recording import batch_fields, record, sample_of
+from sparsespec.harness.run_config import AR, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], con
                  max_new_tokens: int, cost_priors: RunCalibration | None = None, profiles: dict | None = None) -> dict:
     """label -> BatchGenerations (one Generation per prompt of `inputs`) for every decoder (label ->
     (method, options)), back to back in the given order. sparsespec's methods decode the batch
-    together (sparsespec/batch.py), all from one shared prefill of each prompt: N methods cost one
+    together (sparsespec/engine/loop.py), all from one shared prefill of each prompt: N methods cost one
     prefill a prompt, not N. transformers' reference decoders decode its prompts one after another.
     `profiles` (plan.profiles_to_measure) are measured first, from the same prefills: a batch's
     controller weighs a batch's costs. A run of batch_size 1 calls the library's one-prompt form."""

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from sparsespec import hf_reference
 from sparsespec.errors import ConfigError
 
-from .checks import resolved_options
+from sparsespec.harness.checks import resolved_options
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LABELLED_BY_ANALYSIS = ("k", "budget")

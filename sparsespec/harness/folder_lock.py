@@ -18,7 +18,7 @@ from filelock import FileLock, Timeout
 
 from sparsespec.errors import ConfigError
 
-from .results import write_json
+from sparsespec.harness.results import write_json
 
 LOCK_FILE = ".run.lock"
 HOLDER_FILE = ".run.lock.json"   # the note of the lock's holder; left in place, overwritten by the next one

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from .entries import CONF_DIR
-from .schema import GROUP as SCHEMA_GROUP
+from sparsespec.harness.entries import CONF_DIR
+from sparsespec.harness.schema import GROUP as SCHEMA_GROUP
 
 NOTES = {
     "ctx": "or any whole number of tokens, e.g. ctx=3000",

@@ -6,7 +6,7 @@ import shlex
 import signal
 from pathlib import Path
 
-from .results import SAMPLES
+from sparsespec.harness.results import SAMPLES
 
 
 class Terminated(KeyboardInterrupt):

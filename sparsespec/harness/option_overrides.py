@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from sparsespec.errors import ConfigError
 
-from .entries import CONF_DIR, conf_method_names, method_node
+from sparsespec.harness.entries import CONF_DIR, conf_method_names, method_node
 
 PREFIX = "method.options."
 

@@ -9,9 +9,9 @@ from sparsespec import calibration
 from sparsespec.calibration import RunCalibration
 from sparsespec.hf_reference import is_reference
 
-from .order import prompt_order
-from .results import SamplesFile, check_resume, sample_key
-from .run_config import AR, MethodSpec, RunConfig
+from sparsespec.harness.order import prompt_order
+from sparsespec.harness.results import SamplesFile, check_resume, sample_key
+from sparsespec.harness.run_config import AR, MethodSpec, RunConfig
 
 REFERENCE = "ar (reference)"   # the AR decode a prompt needs as the reference but no folder records
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sparsespec import stats
-from sparsespec.eos import before_eos, eos_token_ids
+from sparsespec.engine.eos import before_eos, eos_token_ids
 
-from . import environment
-from .plan import MethodRun, result_names
-from .report import format_bench_table, format_table
-from .results import SUMMARY, aggregate, batch_metrics, build_sample, read_json, sample_key, write_json
-from .run_config import AR, RunConfig
-from .tracking import make_tracker
+from sparsespec.harness import environment
+from sparsespec.harness.plan import MethodRun, result_names
+from sparsespec.harness.report import format_bench_table, format_table
+from sparsespec.harness.results import SUMMARY, aggregate, batch_metrics, build_sample, read_json, sample_key, write_json
+from sparsespec.harness.run_config import AR, RunConfig
+from sparsespec.harness.tracking import make_tracker
 
 
 def text_of(tokens: list[int], tokenizer, model) -> str:

@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from sparsespec import hf_reference
 from sparsespec.errors import ConfigError
 
-from .checks import as_dict, check_config, context_warnings, device_name, model_spec
-from .entries import entry_folder, method_node, resolved_method_options
+from sparsespec.harness.checks import as_dict, check_config, context_warnings, device_name, model_spec
+from sparsespec.harness.entries import entry_folder, method_node, resolved_method_options
 
 AR = "ar"
 

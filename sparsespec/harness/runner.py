@@ -24,12 +24,12 @@ from omegaconf import DictConfig
 
 from sparsespec.calibration import RunCalibration
 
-from . import decoding, environment
-from .decoding import decode_all, load_inputs, warm_up
-from .folder_lock import hold_folder
-from .plan import MethodRun, open_results, shared_with
-from .recording import kept_summary, open_trackers, print_table, summary_of, write_summary
-from .run_config import AR, RunConfig, build_run_config
+from sparsespec.harness import decoding, environment
+from sparsespec.harness.decoding import decode_all, load_inputs, warm_up
+from sparsespec.harness.folder_lock import hold_folder
+from sparsespec.harness.plan import MethodRun, open_results, shared_with
+from sparsespec.harness.recording import kept_summary, open_trackers, print_table, summary_of, write_summary
+from sparsespec.harness.run_config import AR, RunConfig, build_run_config
 
 log = logging.getLogger(__name__)
 

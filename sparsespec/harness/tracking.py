@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sparsespec.errors import describe
 
-from .checks import wandb_mode
+from sparsespec.harness.checks import wandb_mode
 
 log = logging.getLogger(__name__)
 

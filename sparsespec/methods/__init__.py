@@ -6,13 +6,13 @@ it is found and registered here automatically. A new kind of drafter is a module
 `Drafter` subclass (`base.py`), added to the list below. Either way, add `conf/method/<name>.yaml`."""
 from __future__ import annotations
 
-from .ar import AutoregressiveDrafter
-from .assisted import AssistedDrafter
-from .base import Drafter
-from .layerskip import LayerSkipDrafter
-from .pld import PromptLookupDrafter
-from .policies import POLICIES
-from .sparse_kv import SparseKVDrafter
+from sparsespec.methods.ar import AutoregressiveDrafter
+from sparsespec.methods.assisted import AssistedDrafter
+from sparsespec.methods.base import Drafter
+from sparsespec.methods.layerskip import LayerSkipDrafter
+from sparsespec.methods.pld import PromptLookupDrafter
+from sparsespec.methods.policies import POLICIES
+from sparsespec.methods.sparse_kv import SparseKVDrafter
 
 METHODS: dict[str, type[Drafter]] = {
     **{cls.name: cls for cls in (AutoregressiveDrafter, LayerSkipDrafter, AssistedDrafter, PromptLookupDrafter)},

@@ -6,7 +6,7 @@ the harness measures every path and takes the fastest). It is the baseline of ev
 every k = 0 round of the other methods is this very step."""
 from __future__ import annotations
 
-from .base import Drafter
+from sparsespec.methods.base import Drafter
 
 
 class AutoregressiveDrafter(Drafter):

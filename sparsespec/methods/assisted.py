@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..cache import PreallocatedCache, num_decoder_layers
-from ..errors import ConfigError
-from ..options import OptionSet, option
-from .base import DecodeState, ModelDrafter
+from sparsespec.engine.cache import PreallocatedCache, num_decoder_layers
+from sparsespec.errors import ConfigError
+from sparsespec.options import OptionSet, option
+from sparsespec.engine.proposers import DecodeState
+from sparsespec.methods.base import ModelDrafter
 
 
 def truncated_copy(model, n_layers: int):

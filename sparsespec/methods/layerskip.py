@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batch_cache import BatchCache, BatchVerifyHook
-from ..cache import num_decoder_layers
-from ..errors import ConfigError
-from ..options import OptionSet, at_least, one_of, option
-from .base import BatchModelProposer, ModelDrafter
+from sparsespec.engine.batch_cache import BatchCache, BatchVerifyHook
+from sparsespec.engine.cache import num_decoder_layers
+from sparsespec.errors import ConfigError
+from sparsespec.options import OptionSet, at_least, one_of, option
+from sparsespec.engine.proposers import BatchModelProposer
+from sparsespec.methods.base import ModelDrafter
 
 
 @contextmanager

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..options import OptionSet, at_least, option
-from ..batch_cache import BatchCache
-from .base import BatchDraft, Drafter
+from sparsespec.options import OptionSet, at_least, option
+from sparsespec.engine.batch_cache import BatchCache
+from sparsespec.engine.proposers import BatchDraft
+from sparsespec.methods.base import Drafter
 
 
 def lookup_continuation(history: torch.Tensor, max_ngram: int, limit: int) -> torch.Tensor:

@@ -20,13 +20,14 @@ from typing import ClassVar
 
 import torch
 
-from ..attention import QueryAwareDraftHook
-from ..batch_cache import BatchCache, BatchDraftCache, BatchDraftHook
-from ..cache import num_decoder_layers
-from ..selection import gather_positions, select_topk_batch, sliding_window_of, window_start
-from .base import BatchModelProposer, DecodeState, ModelDrafter
-from .policies import KVPolicy, QueryAwarePolicy
-from .policies.base import DraftCacheOptions
+from sparsespec.engine.attention import QueryAwareDraftHook
+from sparsespec.engine.batch_cache import BatchCache, BatchDraftCache, BatchDraftHook
+from sparsespec.engine.cache import num_decoder_layers
+from sparsespec.engine.selection import gather_positions, select_topk_batch, sliding_window_of, window_start
+from sparsespec.engine.proposers import BatchModelProposer, DecodeState
+from sparsespec.methods.base import ModelDrafter
+from sparsespec.methods.policies import KVPolicy, QueryAwarePolicy
+from sparsespec.methods.policies.base import DraftCacheOptions
 
 
 class SparseKVDrafter(ModelDrafter):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import POLICIES, KVPolicy, QueryAwarePolicy
+from sparsespec.methods.policies.base import POLICIES, KVPolicy, QueryAwarePolicy
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -14,7 +14,7 @@ a top-K share of the cache chosen by a policy. A policy decides three things:
    cache), or, for a `QueryAwarePolicy`, `select_for_query(...)` at every draft step from the draft
    query itself.
 
-The sinks, the recent window, the budget and its dense fallback are shared (`sparsespec/selection.py`):
+The sinks, the recent window, the budget and its dense fallback are shared (`sparsespec/engine/selection.py`):
 a policy only fills the top-K share. Options are declared once in `Options` (a dataclass of
 `option(default, reason, check)` fields, sparsespec/options.py), checked before any model loads. `sparsespec/methods/sparse_kv.py` runs a policy.
 """
@@ -25,10 +25,10 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from ...cache import num_decoder_layers
-from ...draft_weights import DRAFT_WEIGHTS
-from ...options import OptionSet, above, at_least, one_of, option
-from ...selection import Budget, resolve_budget
+from sparsespec.engine.cache import num_decoder_layers
+from sparsespec.engine.draft_weights import DRAFT_WEIGHTS
+from sparsespec.options import OptionSet, above, at_least, one_of, option
+from sparsespec.engine.selection import Budget, resolve_budget
 
 # (layer_idx, query (B, H, q, D), key (B, Hkv, N, D), visible bool (B|1, 1, q, N) or None, scaling)
 PrefillObserver = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], None]

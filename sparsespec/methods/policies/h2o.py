@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .snapkv_static import SnapKVStaticPolicy
+from sparsespec.methods.policies.snapkv_static import SnapKVStaticPolicy
 
 
 class HeavyHitterPolicy(SnapKVStaticPolicy):

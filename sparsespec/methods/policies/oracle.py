@@ -6,9 +6,9 @@ Each draft step reads the whole cache to find those positions, so this is not a 
 its acceptance rate is the ceiling for any top-K selection policy at this budget."""
 from __future__ import annotations
 
-from ...attention import attention_received, grouped_attention_probs, visible_keys
-from ...selection import select_topk_positions
-from .base import BudgetOptions, QueryAwarePolicy
+from sparsespec.engine.attention import attention_received, grouped_attention_probs, visible_keys
+from sparsespec.engine.selection import select_topk_positions
+from sparsespec.methods.policies.base import BudgetOptions, QueryAwarePolicy
 
 
 class OraclePolicy(QueryAwarePolicy):

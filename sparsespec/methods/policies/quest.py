@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...options import at_least, one_of, option
-from ...selection import dense_positions, draft_regions, join_positions
-from .base import BudgetOptions, QueryAwarePolicy
+from sparsespec.options import at_least, one_of, option
+from sparsespec.engine.selection import dense_positions, draft_regions, join_positions
+from sparsespec.methods.policies.base import BudgetOptions, QueryAwarePolicy
 
 
 def page_key_bounds(keys: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:

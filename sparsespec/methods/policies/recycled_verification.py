@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...attention import attention_received
-from ...options import in_range, option
-from .snapkv_static import SnapKVStaticPolicy
+from sparsespec.engine.attention import attention_received
+from sparsespec.options import in_range, option
+from sparsespec.methods.policies.snapkv_static import SnapKVStaticPolicy
 
 
 class RecycledVerificationPolicy(SnapKVStaticPolicy):

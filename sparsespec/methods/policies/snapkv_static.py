@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...attention import window_attention_received
-from ...options import at_least, option
-from .base import GatheredOptions, KVPolicy
+from sparsespec.engine.attention import window_attention_received
+from sparsespec.options import at_least, option
+from sparsespec.methods.policies.base import GatheredOptions, KVPolicy
 
 
 class SnapKVStaticPolicy(KVPolicy):

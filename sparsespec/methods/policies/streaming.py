@@ -4,8 +4,8 @@ drafts at the same budget as `sparsespec`. Observes nothing, so prefill and veri
 nothing extra."""
 from __future__ import annotations
 
-from ...selection import Budget
-from .base import GatheredOptions, KVPolicy
+from sparsespec.engine.selection import Budget
+from sparsespec.methods.policies.base import GatheredOptions, KVPolicy
 
 
 class StreamingPolicy(KVPolicy):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from .errors import describe
+from sparsespec.errors import describe
 
 log = logging.getLogger(__name__)
 

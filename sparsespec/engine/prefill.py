@@ -11,7 +11,7 @@ key, visible mask, scaling). What the forward leaves, `SharedPrefill` (run by `S
   own sampler (so sampled runs stay seeded per method);
 - the wall time of the forward, reported as every method's prefill time.
 
-`sparsespec.decode.prefill` builds the methods, runs this and hands each method its `Prefilled`
+`sparsespec.api.prefill` builds the methods, runs this and hands each method its `Prefilled`
 (its start); `generate(..., prefilled=...)` decodes from that.
 
 A `PrefillMemo` keeps prefills past one call, so that runs in one process that decode the same
@@ -20,9 +20,9 @@ results and what the observers read of it: per layer, the last queries (every ob
 observation window of them, declared by its drafter's `prefill_query_rows()`) and their mask rows;
 the keys are the cache's. A later prefill of the prompt replays the observers on those, without a
 forward, and reports the kept forward's time. With a folder (`disk_dir`), it keeps the same on disk
-for later processes (sparsespec/prefill_disk.py).
+for later processes (sparsespec/engine/prefill_disk.py).
 
-Names, one per concept: `prefill` (the act, sparsespec/decode.py), `SharedPrefill` (one prompt's
+Names, one per concept: `prefill` (the act, sparsespec/api.py), `SharedPrefill` (one prompt's
 forward), `Prefilled` (one method's start from it), `PrefillMemo` and its `KeptPrefill` entries.
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from .attention import ObservedPrefillHook
-from .cache import PreallocatedCache, num_decoder_layers
-from .prefill_disk import PrefillDisk
-from .timing import Stopwatch
+from sparsespec.engine.attention import ObservedPrefillHook
+from sparsespec.engine.cache import PreallocatedCache, num_decoder_layers
+from sparsespec.engine.prefill_disk import PrefillDisk
+from sparsespec.engine.timing import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class KeptPrefill:
                 observe(layer, query, key, visible, scaling)
 
     def fields(self) -> dict:
-        """What a file keeps of it (sparsespec/prefill_disk.py): tensors and numbers. The cache of a
+        """What a file keeps of it (sparsespec/engine/prefill_disk.py): tensors and numbers. The cache of a
         kept prefill holds exactly the prompt's n positions, so its buffers are saved whole."""
         s = self.shared
         return {"prompt": s.prompt, "logits": s.logits, "seconds": s.seconds, "rows": self.query_tail.rows,
@@ -147,7 +147,7 @@ class PrefillMemo:
     adds a copy of `min_rows` query rows per layer to the timed forward, nothing else.
 
     With `disk_dir`, prefills are also kept on disk under the same key, up to `disk_bytes`
-    (sparsespec/prefill_disk.py), so that later processes find them: a prompt missing here is looked
+    (sparsespec/engine/prefill_disk.py), so that later processes find them: a prompt missing here is looked
     for there before a forward runs (`disk_hits` counts those found, and `hits` counts them too)."""
 
     def __init__(self, max_bytes: int = 0, min_rows: int = 64, disk_dir=None, disk_bytes: int = 0):

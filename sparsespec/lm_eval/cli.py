@@ -1,9 +1,9 @@
-"""`python -m sparsespec.eval ...`: lm-eval's own command line, with the `sparsespec` model registered.
+"""`python -m sparsespec.lm_eval.cli ...`: lm-eval's own command line, with the `sparsespec` model registered.
 
-lm-eval 0.4.13 discovers no plugins, so this imports `sparsespec.lm_eval_model` (which registers the
+lm-eval 0.4.13 discovers no plugins, so this imports `sparsespec.lm_eval.model` (which registers the
 model) and then runs lm-eval's CLI with the arguments unchanged, e.g.
 
-    python -m sparsespec.eval --model sparsespec \
+    python -m sparsespec.lm_eval.cli --model sparsespec \
         --model_args pretrained=embedded:smollm2_135m,method=sparsespec,controller=entropy \
         --include_path tests/lm_eval_tasks --tasks sparsespec_pydoc --output_path results/lm_eval
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sparsespec.errors import ConfigError, UnavailableError
 
-PROG = "python -m sparsespec.eval"
+PROG = "python -m sparsespec.lm_eval.cli"
 TASKS_NOT_FOUND = "Tasks not found: "   # how lm-eval 0.4.13 starts the ValueError for an unknown --tasks name
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
-    from sparsespec import lm_eval_model
+    from sparsespec.lm_eval import model as lm_eval_model
 
     setup_logging()
     cli = HarnessCLI()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .attention import DEFAULT_AR_ATTENTION, apply_probs, grouped_attention_probs, grouped_sdpa, one_query_attention
+from sparsespec.engine.attention import DEFAULT_AR_ATTENTION, apply_probs, grouped_attention_probs, grouped_sdpa, one_query_attention
 
 
 class OwnedLayer(CacheLayerMixin):

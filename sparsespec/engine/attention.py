@@ -30,7 +30,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .selection import gather_positions, window_start
+from sparsespec.engine.selection import gather_positions, window_start
 
 ATTN_IMPLEMENTATION = "sparsespec"
 

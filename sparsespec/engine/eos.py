@@ -1,6 +1,6 @@
 """End-of-sequence handling, in one place: which tokens end generation, and where an output ends.
 
-Decoding (`sparsespec.decode`) stops after an EOS when asked to; the harness may time a fixed
+Decoding (`sparsespec.api`) stops after an EOS when asked to; the harness may time a fixed
 number of tokens past it (`stop_at_eos=false`) but its text and score still end at the first EOS;
 the lm-eval model adds lm-eval's end-of-text token to the model's own.
 """

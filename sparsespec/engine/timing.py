@@ -32,7 +32,7 @@ class Stopwatch:
 
 
 class RoundTimers:
-    """The three stopwatches of one round of the decode loop (sparsespec/batch.py)."""
+    """The three stopwatches of one round of the decode loop (sparsespec/engine/loop.py)."""
     def __init__(self, device):
         self.select, self.draft, self.verify = Stopwatch(device), Stopwatch(device), Stopwatch(device)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import stats
+from sparsespec import stats
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""`generate` and `prefill`: the library's front door to the one decode loop (sparsespec/batch.py).
+"""`generate` and `prefill`: the library's front door to the one decode loop (sparsespec/engine/loop.py).
 
     prefill(prompt)                      -> full KV cache, first token (one forward, shared by every
-                                            method decoding this prompt: `prefill()`, sparsespec/shared_prefill.py)
+                                            method decoding this prompt: `prefill()`, sparsespec/engine/prefill.py)
     repeat until max_new_tokens or EOS:
         k     = controller's draft length (capped by the tokens still wanted)
         draft = drafter proposes d_1..d_k (sparse KV, early exit, n-grams, ... or nothing for AR)
@@ -16,7 +16,7 @@ and the loop decodes them.
 Prefill names, one per concept: `prefill` (the act, for one or several methods), `SharedPrefill`
 (one prompt's forward: its cache, logits and time), `Prefilled` (one method's start from it, what
 `generate(prefilled=...)` takes), `PrefillMemo` and its `KeptPrefill` entries (prefills kept for
-later runs; sparsespec/shared_prefill.py).
+later runs; sparsespec/engine/prefill.py).
 """
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ import math
 
 import torch
 
-from . import batch
-from .attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
-from .call_checks import check_seed, warn_past_positions
-from .eos import eos_token_ids
-from .errors import ConfigError
-from .generation import Generation
-from .method_options import build_method
-from .sampling import Sampler
-from .shared_prefill import PrefillMemo, Prefilled
+from sparsespec.engine import loop
+from sparsespec.engine.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
+from sparsespec.call_checks import check_seed, warn_past_positions
+from sparsespec.engine.eos import eos_token_ids
+from sparsespec.errors import ConfigError
+from sparsespec.engine.generation import Generation
+from sparsespec.method_options import build_method
+from sparsespec.engine.sampling import Sampler
+from sparsespec.engine.prefill import PrefillMemo, Prefilled
 
 
 def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
@@ -65,7 +65,7 @@ def prompt_of(model, input_ids) -> torch.Tensor:
 def prefill(model, input_ids, *, methods: dict[str, tuple[str, dict]], max_new_tokens: int = 128,
             lengths: dict[str, int] | None = None, memo: PrefillMemo | None = None) -> dict[str, Prefilled]:
     """Prefill `input_ids` once for every method in `methods` (label -> (method, options)): one
-    forward, every drafter observing it (sparsespec/shared_prefill.py). Returns label -> `Prefilled`, which
+    forward, every drafter observing it (sparsespec/engine/prefill.py). Returns label -> `Prefilled`, which
     `generate(model, input_ids, prefilled=...)` decodes from, once per label, in its own cache copy.
     `lengths`: label -> max_new_tokens for the labels that decode another length (a cost profile).
     `memo`: a `PrefillMemo` that may hold this prompt's prefill from an earlier call (then no forward
@@ -118,13 +118,13 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
              cost_prior=None, attention_mask=None, ar_attention: str = DEFAULT_AR_ATTENTION,
-             **method_options) -> "Generation | batch.BatchGenerations":
+             **method_options) -> "Generation | loop.BatchGenerations":
     """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
     tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
     `prefill()`), start from that shared prefill instead of running one; the method, its options and
     max_new_tokens are the prefill's. `cost_prior`: a `CostProfile` (sparsespec.calibration) the
     controller starts from. `ar_attention`: how an AR step (the `ar` method's, and every k = 0
-    round of the others) attends, one of `AR_ATTENTION` (sparsespec/attention.py); the harness
+    round of the others) attends, one of `AR_ATTENTION` (sparsespec/engine/attention.py); the harness
     measures them and passes the fastest.
 
     A batch (a list of 1-D prompts, (B, L) ids with B > 1, or padded ids with `attention_mask`)
@@ -138,8 +138,8 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     check_seed(seed)
     if ar_attention not in AR_ATTENTION:
         raise ConfigError(f"ar_attention={ar_attention!r}; accepted: {', '.join(AR_ATTENTION)}")
-    batched = batch.is_batch(input_ids, attention_mask)
-    prompts = (batch.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids)) if batched
+    batched = loop.is_batch(input_ids, attention_mask)
+    prompts = (loop.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids)) if batched
                else [prompt_of(model, input_ids)])
     device = prompts[0].device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
@@ -157,8 +157,8 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
 
 def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, max_new_tokens: int | None,
                    options: dict, sampler: Sampler, stop_ids: set, cost_prior=None,
-                   prefilled=None, ar_attention: str = DEFAULT_AR_ATTENTION) -> "batch.BatchGenerations":
-    """`prompts` (checked 1-D prompts) decoded by the loop (sparsespec/batch.py: together, or one at
+                   prefilled=None, ar_attention: str = DEFAULT_AR_ATTENTION) -> "loop.BatchGenerations":
+    """`prompts` (checked 1-D prompts) decoded by the loop (sparsespec/engine/loop.py: together, or one at
     a time for a method that is not batchable), each from its prefill: `prefilled` (one `Prefilled`
     per prompt, of one method), or its own."""
     if prefilled is None:
@@ -166,13 +166,13 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
         max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
         built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
         # each sequence decodes in its own prefill's cache
-        alone = len(prompts) == 1 or batch.one_at_a_time(built[0][0], len(prompts))
+        alone = len(prompts) == 1 or loop.one_at_a_time(built[0][0], len(prompts))
         starts = [prefill_built(model, p, {method: (method, drafter, controller, resolved, max_new_tokens)},
                                 in_place=alone)[method] for p, (drafter, controller, resolved) in zip(prompts, built)]
     else:
         starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
     warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
-    return batch.decode(model, starts, sampler, stop_ids, cost_prior, ar_attention)
+    return loop.decode(model, starts, sampler, stop_ids, cost_prior, ar_attention)
 
 
 def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_tokens, options: dict) -> list[Prefilled]:
@@ -195,4 +195,4 @@ def decode(model, prompt: torch.Tensor, drafter, controller, sampler: Sampler, m
     """Prefill and decode one prompt with a drafter and controller built by hand (tests, new drafters)."""
     start = prefill_built(model, prompt, {drafter.name: (drafter.name, drafter, controller, {}, max_new_tokens)},
                           in_place=True)[drafter.name]
-    return batch.decode(model, [start], sampler, stop_ids)[0]
+    return loop.decode(model, [start], sampler, stop_ids)[0]

@@ -2,7 +2,7 @@
 
 transformers' `DynamicLayer.update` concatenates the whole buffer on every call (O(N) per layer per
 step), and its `crop` slices. The prefill writes the prompt here (a batch of one then decodes in these
-very buffers, sparsespec/batch_cache.py), and the assisted draft model, which rolls back every round,
+very buffers, sparsespec/engine/batch_cache.py), and the assisted draft model, which rolls back every round,
 keeps its own cache here.
 
 Shapes: keys/values buffers are (B, Hkv, capacity, D); `update` returns views (B, Hkv, length, D).

@@ -2,7 +2,7 @@
 prompt is an ordinary batch of B = 1.
 
     start from each prompt's prefill (its own, its drafter observing it, or a shared one:
-        `generate(prompts, prefilled=[...])`; sparsespec/decode.py prepares them)
+        `generate(prompts, prefilled=[...])`; sparsespec/api.py prepares them)
     copy the B prompt caches into one `BatchCache` (sequence b's position p at slot p; a batch of
         one decodes in its own prefill's cache, no copy)
     repeat while a sequence is unfinished:
@@ -16,7 +16,7 @@ prompt is an ordinary batch of B = 1.
 As code: `decode_together` = `set_up` (cache, sequences, first tokens) -> `loop` -> `collect`; one
 round, `batch_round` = `propose` -> `verify` -> `accept` -> `commit` -> `learn`.
 
-The batch's caches and hooks: sparsespec/batch_cache.py.
+The batch's caches and hooks: sparsespec/engine/batch_cache.py.
 
 The batch's k (one per round, `Controller.keep_drafting_batch`): a fixed-k controller drafts its k;
 the entropy controller maximises the expected tokens *over the batch* per unit of batch cost,
@@ -46,17 +46,17 @@ import time
 
 import torch
 
-from .attention import DEFAULT_AR_ATTENTION, sparsespec_attention
-from .batch_cache import BatchCache, BatchVerifyHook
-from .cache import num_decoder_layers
-from .eos import through_eos
-from .errors import ConfigError
-from .generation import Generation, Round
-from .logits import target_logits
-from .methods.base import BatchDraft, DecodeState
-from .sampling import Sampler, accept_sampling
-from .selection import sliding_window_of
-from .timing import RoundTimers, Stopwatch, synchronize
+from sparsespec.engine.attention import DEFAULT_AR_ATTENTION, sparsespec_attention
+from sparsespec.engine.batch_cache import BatchCache, BatchVerifyHook
+from sparsespec.engine.cache import num_decoder_layers
+from sparsespec.engine.eos import through_eos
+from sparsespec.errors import ConfigError
+from sparsespec.engine.generation import Generation, Round
+from sparsespec.engine.logits import target_logits
+from sparsespec.engine.proposers import BatchDraft, DecodeState
+from sparsespec.engine.sampling import Sampler, accept_sampling
+from sparsespec.engine.selection import sliding_window_of
+from sparsespec.engine.timing import RoundTimers, Stopwatch, synchronize
 
 
 # --- input: a batch of prompts ----------------------------------------------------------------
@@ -153,7 +153,7 @@ def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None
            ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
     """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller):
     together when the method's drafter is `batchable`, else one sequence at a time. `ar_attention`:
-    how an AR step (k = 0) attends (sparsespec/attention.py, `AR_ATTENTION`)."""
+    how an AR step (k = 0) attends (sparsespec/engine/attention.py, `AR_ATTENTION`)."""
     if one_at_a_time(starts[0].drafter, len(starts)):
         return decode_each(model, starts, sampler, stop_ids, cost_prior, ar_attention)
     return decode_together(model, starts, sampler, stop_ids, cost_prior, ar_attention)

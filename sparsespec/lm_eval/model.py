@@ -3,7 +3,7 @@
 Everything but generation is lm-eval's own `HFLM`: loading, tokenization, truncation, chat templates
 and log-likelihoods (so `loglikelihood` scores equal the `hf` model's exactly). Each `generate_until`
 request is decoded by `sparsespec.generate` with the method and options given in `--model_args`: with
-`--batch_size N` (N > 1) and a method that runs batched (sparsespec/batch.py), HFLM's own batches of N
+`--batch_size N` (N > 1) and a method that runs batched (sparsespec/engine/loop.py), HFLM's own batches of N
 left-padded requests are decoded together, each request lossless as if alone; other methods decode one
 request at a time (a warning says so; `batch_size` still batches log-likelihoods). E.g.
 
@@ -14,7 +14,7 @@ Arguments that `HFLM` takes go to `HFLM`; the others are the method's options. `
 every request are kept and reported through `get_model_info()`, which lm-eval writes into its results
 (`config.sparsespec`); a table is printed when generation ends.
 
-Importing this module registers the model; `python -m sparsespec.eval` does that, then runs lm-eval.
+Importing this module registers the model; `python -m sparsespec.lm_eval.cli` does that, then runs lm-eval.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 import sparsespec
-from sparsespec import lm_eval_stats
-from sparsespec.eos import eos_token_ids
+from sparsespec.lm_eval import stats as lm_eval_stats
+from sparsespec.engine.eos import eos_token_ids
 from sparsespec.errors import ConfigError, UnavailableError, describe
 from sparsespec.method_options import coerce_options, option_names, resolve
 from sparsespec.models import EMBEDDED_MODELS, load_model

@@ -24,8 +24,8 @@ import weakref
 
 import torch
 
-from .attention import ATTN_IMPLEMENTATION
-from .errors import ConfigError
+from sparsespec.engine.attention import ATTN_IMPLEMENTATION
+from sparsespec.errors import ConfigError
 
 DRAFT_WEIGHTS = ("auto", "full", "int8", "bfloat16")
 _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target -> {kind: draft model}
