@@ -12,8 +12,6 @@ layer count) stay with the drafter.
 """
 from __future__ import annotations
 
-import re
-import sys
 from dataclasses import dataclass
 
 from sparsespec.controllers import CONTROLLERS, Controller, make_controller
@@ -121,37 +119,6 @@ def coerce_options(method: str, raw: dict) -> dict:
             return coerce(value, option_type(method, name))
         return tuple(value) if isinstance(value, list) else value
     return {name: one(name, value) for name, value in raw.items()}
-
-
-# A sentence ends at . ! or ? before a space and a capital, a backquote or a parenthesis, except after
-# an abbreviation ("e.g. Llama", "Zhang et al. 2023").
-SENTENCE_END = re.compile(r"(?<!e\.g\.)(?<!i\.e\.)(?<!\bal\.)(?<!\bcf\.)(?<!\bvs\.)(?<=[.!?])\s+(?=[A-Z`(])")
-
-
-def first_sentence(doc: str, name: str) -> str:
-    """The first sentence of a module docstring, whole, on one line, without a leading "`name`: "."""
-    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
-    return SENTENCE_END.split(paragraph, maxsplit=1)[0].removeprefix(f"`{name}`: ")
-
-
-def describe(method: str) -> str:
-    """A readable list of `method`'s options: name, default, reason (`python -m sparsespec.methods`)."""
-    drafter = drafter_class(method)
-    lines = [f"{method}: {first_sentence(sys.modules[drafter.__module__].__doc__ or '', method)}"]
-    sections = [("options", drafter.Options, {})]
-    for name in controllers_for(method):
-        own = {k: v for k, v in drafter.controller_defaults.items() if k in CONTROLLERS[name].Options.names()}
-        sections.append((f"controller={name}" + (" (default)" if name == drafter.default_controller else ""),
-                         CONTROLLERS[name].Options, own))
-    for title, options, own in sections:
-        if not options.names():
-            continue
-        lines.append(f"  {title}")
-        defaults, reasons = options.defaults(), options.reasons()
-        for name in options.names():
-            default, reason = (own[name], f"{method}'s own default") if name in own else (defaults[name], reasons[name])
-            lines.append(f"    {name:<17} {default!r:<10} {reason}")
-    return "\n".join(lines)
 
 
 def build_method(model, prompt_len: int, method: str, max_new_tokens: int, options: dict):

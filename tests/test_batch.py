@@ -379,7 +379,7 @@ def test_harness_batch_size_compares_every_sequence_with_batched_ar(harness_run,
 @pytest.mark.slow   # whole harness runs in-process
 def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_batch(harness_run, tmp_path,
                                                                                       monkeypatch):
-    import sparsespec.calibration as calibration
+    import sparsespec.harness.calibration as calibration
     from sparsespec.threads import thread_counts
     run, _, _ = harness_run
     profiled = []
@@ -391,7 +391,7 @@ def test_a_batched_entropy_controller_starts_from_a_cost_profile_measured_on_a_b
     monkeypatch.setattr(calibration, "measure_cost_profile", recording)
     summaries = run(tmp_path / "b", "batch_size=2", "num_prompts=3", "bench.methods=['sparsespec:budget=0.3']",
                     "cost_profile=true")
-    # one profile a thread count compared (sparsespec/threads.py), each on a batch of 2
+    # one profile a thread count compared (sparsespec/harness/thread_choice.py), each on a batch of 2
     assert len(profiled) == len(thread_counts()) and all(isinstance(p, list) and len(p) == 2 for p in profiled)
     summary = summaries["sparsespec:budget=0.3"]
     assert summary["run"]["cost_prior"]["verify_s"] and summary["metrics"]["outputs_match_ar"] == 1.0

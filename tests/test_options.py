@@ -8,7 +8,8 @@ import pytest
 
 from sparsespec.controllers import CONTROLLERS
 from sparsespec.errors import ConfigError
-from sparsespec.method_options import coerce_options, controllers_for, describe, option_names, resolve
+from sparsespec.method_options import coerce_options, controllers_for, option_names, resolve
+from sparsespec.methods.__main__ import describe
 from sparsespec.methods import METHODS
 from sparsespec.methods.policies.base import GatheredOptions
 from sparsespec.options import coerce
@@ -118,7 +119,7 @@ def test_the_listing_gives_each_methods_first_sentence_whole(method):
 
 
 def test_first_sentence_keeps_abbreviations_and_joins_lines():
-    from sparsespec.method_options import first_sentence
+    from sparsespec.methods.__main__ import first_sentence
 
     doc = "`x`: drafts like Y (e.g. Llama drafting for\nLlama, Zhang et al. 2023). Second sentence.\n\nMore."
     assert first_sentence(doc, "x") == "drafts like Y (e.g. Llama drafting for Llama, Zhang et al. 2023)."

@@ -1,5 +1,5 @@
-"""Threads chosen by measurement (sparsespec/threads.py) and the cost profile sized to the run
-(sparsespec/calibration.py): the rules, and the choice reaching the decoders, on a tiny model."""
+"""Threads chosen by measurement (sparsespec/harness/thread_choice.py) and the cost profile sized to the run
+(sparsespec/harness/calibration.py): the rules, and the choice reaching the decoders, on a tiny model."""
 from __future__ import annotations
 
 import math
@@ -11,11 +11,11 @@ import torch
 import sparsespec
 from conftest import build_tiny, random_prompt
 from sparsespec import threads
-from sparsespec.calibration import (DEFAULT_KS, FLOOR_KS, MIN_AR_STEPS, PROFILE_SHARE, RunCalibration, cycle_tokens,
-                                    PLAIN_ROUNDS, has_thread_probe, measure_planned, plan_profiles, probe_groups,
-                                    profile_cycle, profile_size, reads_costs)
+from sparsespec.calibration import DEFAULT_KS, MIN_AR_STEPS, PLAIN_ROUNDS, CostProfile, cycle_tokens, profile_cycle
 from sparsespec.engine.attention import AR_ATTENTION
-from sparsespec.calibration import CostProfile
+from sparsespec.harness import environment, thread_choice
+from sparsespec.harness.calibration import (FLOOR_KS, PROFILE_SHARE, RunCalibration, has_thread_probe, measure_planned,
+                                            plan_profiles, probe_groups, profile_size, reads_costs)
 from sparsespec.harness.report import busy_line, threads_line
 
 
@@ -42,33 +42,33 @@ def test_using_sets_the_count_and_restores_it_even_after_an_error():
 
 
 def test_the_cheaper_count_is_chosen_and_a_tie_goes_to_fewer_threads():
-    assert threads.choose({1: 0.03, 2: 0.02}, "C_AR").threads == 2
-    assert threads.choose({1: 0.02, 2: 0.03}, "C_AR").threads == 1
-    assert threads.choose({2: 0.02, 1: 0.02}, "C_AR").threads == 1
-    assert threads.choose({1: 0.02, 2: 0.03}, "C_AR").as_dict()["cost_s"] == {"1": 0.02, "2": 0.03}
+    assert thread_choice.choose({1: 0.03, 2: 0.02}, "C_AR").threads == 2
+    assert thread_choice.choose({1: 0.02, 2: 0.03}, "C_AR").threads == 1
+    assert thread_choice.choose({2: 0.02, 1: 0.02}, "C_AR").threads == 1
+    assert thread_choice.choose({1: 0.02, 2: 0.03}, "C_AR").as_dict()["cost_s"] == {"1": 0.02, "2": 0.03}
 
 
 def test_speculation_is_compared_on_one_round_at_each_profiled_k():
     # W = (1 * 0.01 + 0.05) + (4 * 0.01 + 0.08)
-    assert threads.profile_work_s(profile(0.01, {1: 0.05, 4: 0.08})) == pytest.approx(0.18)
+    assert thread_choice.profile_work_s(profile(0.01, {1: 0.05, 4: 0.08})) == pytest.approx(0.18)
 
 
 def test_a_mixed_plan_pays_only_when_it_beats_both_counts_by_more_than_its_switches():
     # drafting is faster at 2 threads, verification at 1 (as beside a busy core)
     by_count = {1: profile(0.010, {1: 0.05, 4: 0.08}), 2: profile(0.006, {1: 0.09, 4: 0.20})}
-    cheap = threads.mixed_plan(by_count, switch_s=1e-5)
+    cheap = thread_choice.mixed_plan(by_count, switch_s=1e-5)
     assert (cheap["draft_threads"], cheap["verify_threads"]) == (2, 1)
     # W(mixed) = (0.006 + 0.05) + (0.024 + 0.08) + 4 switches; W(1) = 0.18
     assert cheap["work_s"] == pytest.approx(0.16 + 4e-5) and cheap["pays"] is True
-    assert threads.mixed_plan(by_count, switch_s=0.01)["pays"] is False
+    assert thread_choice.mixed_plan(by_count, switch_s=0.01)["pays"] is False
     same = {1: profile(0.010, {1: 0.05}), 2: profile(0.020, {1: 0.09})}
-    assert threads.mixed_plan(same, switch_s=0.0) is None
-    assert threads.mixed_plan({1: by_count[1]}, switch_s=None) is None
+    assert thread_choice.mixed_plan(same, switch_s=0.0) is None
+    assert thread_choice.mixed_plan({1: by_count[1]}, switch_s=None) is None
 
 
 def test_a_switch_cost_is_measured_and_leaves_the_count_as_it_was():
     before = torch.get_num_threads()
-    cost = threads.switch_cost_s((1, 2), repeats=20)
+    cost = thread_choice.switch_cost_s((1, 2), repeats=20)
     assert math.isfinite(cost) and cost >= 0
     assert torch.get_num_threads() == before
 
@@ -76,14 +76,14 @@ def test_a_switch_cost_is_measured_and_leaves_the_count_as_it_was():
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("model name\t: a CPU\nflags\t\t: fpu sse avx2 avx512f\n")
-    assert threads.cpu_flags(cpuinfo) == {"avx2": True, "avx512": True, "amx": False}
+    assert environment.cpu_flags(cpuinfo) == {"avx2": True, "avx512": True, "amx": False}
     cpuinfo.write_text("model name\t: a CPU without flags\n")
-    assert threads.cpu_flags(cpuinfo) == {"avx2": None, "avx512": None, "amx": None}
-    assert threads.cpu_flags(tmp_path / "missing") == {"avx2": None, "avx512": None, "amx": None}
+    assert environment.cpu_flags(cpuinfo) == {"avx2": None, "avx512": None, "amx": None}
+    assert environment.cpu_flags(tmp_path / "missing") == {"avx2": None, "avx512": None, "amx": None}
 
 
 def test_the_machine_record_names_the_blas_and_the_default_count():
-    facts = threads.machine()
+    facts = environment.machine()
     assert f"BLAS_INFO={facts['blas']}" in torch.__config__.show()
     assert facts["default_threads"] == threads.DEFAULT_THREADS >= 1
     assert set(facts["cpu_flags"]) == {"avx2", "avx512", "amx"}
@@ -169,7 +169,7 @@ def test_entries_of_one_drafter_share_a_probe_and_one_sized_profile_whatever_the
 
 def test_entries_sharing_a_probe_get_one_choice_from_one_probe_and_only_the_cost_reader_a_prior(monkeypatch):
     """Stubbed timers: each probe's cost depends on the count it runs at, and the calls are counted."""
-    import sparsespec.calibration as calibration_module
+    import sparsespec.harness.calibration as calibration_module
     probed = []
 
     def cost_profile_at_this_count(model, prompts, prefilled, ar_attention):
@@ -181,7 +181,7 @@ def test_entries_sharing_a_probe_get_one_choice_from_one_probe_and_only_the_cost
         return SimpleNamespace(decode_s=0.1 if torch.get_num_threads() == 1 else 1.0)
     monkeypatch.setattr(calibration_module, "measure_cost_profile", cost_profile_at_this_count)
     monkeypatch.setattr(calibration_module, "generate", decoded_at_this_count)
-    monkeypatch.setattr(threads, "switch_cost_s", lambda counts: 0.0)
+    monkeypatch.setattr(thread_choice, "switch_cost_s", lambda counts: 0.0)
     jobs = plan_profiles(ONE_DRAFTER, ar=False, max_new_tokens=16, num_prompts=2, counts=(1, 2))  # the floor only
     starts = [{label: object() for label in jobs}]
     calibration = RunCalibration()
@@ -218,7 +218,7 @@ def test_c_ar_is_the_median_whole_round_without_a_draft():
 
 
 def test_an_entry_with_a_thread_choice_alone_counts_as_calibrated():
-    calibration = RunCalibration(choices={"fixed": threads.ThreadChoice(1, {1: 0.1, 2: 0.2}, "decode")})
+    calibration = RunCalibration(choices={"fixed": thread_choice.ThreadChoice(1, {1: 0.1, 2: 0.2}, "decode")})
     assert "fixed" in calibration and calibration.get("fixed") is None and "other" not in calibration
 
 
@@ -242,7 +242,7 @@ def measured(tiny, prompt, jobs, monkeypatch=None) -> RunCalibration:
 
 @pytest.mark.slow   # profiles a tiny model at two thread counts
 def test_the_sized_profile_is_measured_at_the_count_the_probes_chose(tiny, monkeypatch):
-    import sparsespec.calibration as calibration_module
+    import sparsespec.harness.calibration as calibration_module
     at = []
     measure = calibration_module.measure_cost_profile
 
@@ -277,7 +277,7 @@ def test_measured_choices_are_recorded_with_the_prior_of_the_chosen_count(tiny):
     assert set(spec.cost_s) == set(ar.cost_s) == {1, 2}
     assert spec.threads == min(spec.cost_s, key=spec.cost_s.get) and ar.threads == min(ar.cost_s, key=ar.cost_s.get)
     assert set(calibration.get("sparsespec").verify_s) == set(FLOOR_KS)
-    assert threads.profile_work_s(calibration.get("sparsespec")) == spec.cost_s[spec.threads]
+    assert thread_choice.profile_work_s(calibration.get("sparsespec")) == spec.cost_s[spec.threads]
     assert calibration.get("sparsespec").ar_step_s > 0                              # its own k = 0 rounds: C_AR
     assert spec.mixed is None or spec.mixed["switch_s"] >= 0
     assert calibration.threads_for("ar (reference)", "ar") == ar.threads
@@ -310,7 +310,7 @@ def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):
     monkeypatch.setattr(sparsespec, "generate", recording)
     before = torch.get_num_threads()
     other = 2 if before == 1 else 1
-    calibration = RunCalibration(choices={"ar": threads.ThreadChoice(other, {other: 0.0}, "C_AR")})
+    calibration = RunCalibration(choices={"ar": thread_choice.ThreadChoice(other, {other: 0.0}, "C_AR")})
     cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False, "batch_size": 1})
     decoders = {"ar (reference)": ("ar", {}), "sparsespec": ("sparsespec", {"budget": 0.5})}
     gens = decoding.decode_batch(tiny, [random_prompt(200)], decoders, cfg, 0, 6, calibration)
@@ -331,7 +331,7 @@ def test_the_table_says_when_the_machine_was_busy():
 
 
 def test_the_table_names_the_chosen_threads():
-    choice = threads.choose({1: 0.012, 2: 0.020}, "C_AR").as_dict()
+    choice = thread_choice.choose({1: 0.012, 2: 0.020}, "C_AR").as_dict()
     assert threads_line(choice) == "threads: 1 (measured C_AR: 1 -> 12.0 ms, 2 -> 20.0 ms)"
     assert threads_line(None) is None
 

@@ -12,14 +12,15 @@ import torch
 from tqdm import tqdm
 
 import sparsespec
-from sparsespec import calibration, hf_reference, threads
+from sparsespec import hf_reference, threads
 from sparsespec.engine.loop import one_after_another
-from sparsespec.calibration import RunCalibration
 from sparsespec.errors import ConfigError
 from sparsespec.models import load_model, max_context
 from sparsespec.engine.prefill import PrefillMemo
 from sparsespec.tasks import load_prompts
 
+from sparsespec.harness import calibration
+from sparsespec.harness.calibration import RunCalibration
 from sparsespec.harness.checks import check_context_fits
 from sparsespec.harness.plan import (MethodRun, batches, decoders_for, in_run_order, profiles_to_measure, reference_of)
 from sparsespec.harness.recording import batch_fields, record, sample_of

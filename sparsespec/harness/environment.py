@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import re
 import platform
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from sparsespec import threads
+from sparsespec.threads import DEFAULT_THREADS
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "hydra-core",
             "omegaconf", "hydra-submitit-launcher", "submitit", "wandb", "datasets", "numpy", "gguf")
@@ -92,7 +93,7 @@ def collect(*, device: str, dtype: str, git: dict | None = None) -> dict:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        **threads.machine(),
+        **machine(),
         **gpu_info(),
         "device": device,
         "dtype": dtype,
@@ -124,3 +125,27 @@ def cpu_busy_fraction(seconds: float = BUSY_SAMPLE_S) -> float | None:
 def is_noisy(busy: float | None) -> bool | None:
     """Whether other processes competed for the CPU (None when it could not be measured)."""
     return None if busy is None else busy > NOISY_BUSY
+
+
+CPU_FLAGS = {"avx2": "avx2", "avx512": "avx512f", "amx": "amx_tile"}   # what the matmul kernels can use
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, bool | None]:
+    """Which of AVX2, AVX-512 and AMX the CPU reports (None for each without a readable `cpuinfo`)."""
+    flags = None
+    if cpuinfo.exists():
+        line = next((l for l in cpuinfo.read_text(errors="replace").splitlines() if l.startswith("flags")), None)
+        flags = set(line.split(":", 1)[1].split()) if line else None
+    return {name: None if flags is None else flag in flags for name, flag in CPU_FLAGS.items()}
+
+
+def blas_library() -> str | None:
+    """The BLAS torch was built with (`BLAS_INFO` of `torch.__config__.show()`: mkl, openblas, ...)."""
+    found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    return found.group(1) if found else None
+
+
+def machine() -> dict:
+    """The CPU facts a thread choice depends on, for summary.json."""
+    return {"cpu_flags": cpu_flags(), "blas": blas_library(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "default_threads": DEFAULT_THREADS, "cores": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparsespec import calibration
-from sparsespec.calibration import RunCalibration
 from sparsespec.hf_reference import is_reference
 
+from sparsespec.harness import calibration
+from sparsespec.harness.calibration import RunCalibration
 from sparsespec.harness.order import prompt_order
 from sparsespec.harness.results import SamplesFile, check_resume, sample_key
 from sparsespec.harness.run_config import AR, MethodSpec, RunConfig
@@ -109,8 +109,8 @@ def shared_with(runs: list[MethodRun], config: RunConfig) -> list[str]:
 
 
 def profiles_to_measure(todo: list[MethodRun], config: RunConfig, cost_priors: RunCalibration) -> dict:
-    """label -> ProfileJob (sparsespec/calibration.py) still to measure: for each drafting run in `todo`
-    not yet calibrated, a thread probe at every count (sparsespec/threads.py), and for one whose
+    """label -> ProfileJob (sparsespec/harness/calibration.py) still to measure: for each drafting run in `todo`
+    not yet calibrated, a thread probe at every count (sparsespec/harness/thread_choice.py), and for one whose
     controller reads costs (the entropy controller) a cost profile sized to the run; AR steps at every count and
     attention path while AR's are unchosen and an engine method decodes (every method's k = 0 rounds are AR
     steps, and take the path chosen). Each is measured on the prefill of the batch about to be decoded,

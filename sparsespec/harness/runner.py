@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from sparsespec.calibration import RunCalibration
 
 from sparsespec.harness import decoding, environment
+from sparsespec.harness.calibration import RunCalibration
 from sparsespec.harness.decoding import decode_all, load_inputs, warm_up
 from sparsespec.harness.folder_lock import hold_folder
 from sparsespec.harness.plan import MethodRun, open_results, shared_with
