@@ -24,9 +24,9 @@ prefilled=...)` decodes from it, so the profile costs no prefill of its own.
 A batch's controller chooses one k for the batch from the batch's costs, so its profile is measured
 on a batch (`input_ids` a list of prompts): the same cycle, every sequence drafting the same k, each
 round's seconds the batch's, the acceptance pooled over the sequences, and only the rounds the whole
-batch took part in (`full_batch_rounds`). Without it the batch opened
-on two warm-up rounds' timings, and one slow k=8 round (2.3 s against ~0.7 s) set C_v's line so
-steep that it predicted C_v(1) < 0 and the batch drafted k=1 to the end (SmolLM2, 8K, B=8).
+batch took part in (`full_batch_rounds`). Without it a batch opens on two warm-up rounds' timings,
+and one slow round can set C_v's line so steep that it predicts C_v(1) < 0 and the batch drafts
+k = 1 to the end (docs/benchmark.md, "Batched decoding", has the measured case).
 
 """
 from __future__ import annotations
@@ -117,9 +117,8 @@ def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEF
 
 def full_batch_rounds(gens) -> list:
     """The rounds of a batched generation that every sequence took part in. A sequence that finishes
-    leaves the batch, and the rounds after verify fewer rows: counted, they made C_v(k) look cheap
-    (Qwen 16K, B = 8: a k = 5 round of the last sequences measured 0.46 s where k = 4 over the whole
-    batch took 2.4-2.6 s, and the hull through that point predicted C_v(1..5) flat)."""
+    leaves the batch, and the rounds after verify fewer rows: counted, they would make C_v(k) look
+    cheap (a round of the last few sequences costs a fraction of the whole batch's)."""
     together = min(len(g.rounds) for g in gens)
     return [r for g in gens for r in g.rounds[:together]]
 

@@ -88,7 +88,7 @@ class EntropyController(Controller):
     class Options(OptionSet):
         candidates: tuple[int, ...] = option(tuple(range(1, 17)), "every k up to 16: the paper's fixed-k sweep stops there",
                                              check=non_empty(at_least(1)))
-        prior_k: int = option(4, "drafted while entropy cannot yet discriminate: the best fixed k here", check=at_least(1))
+        prior_k: int = option(4, "drafted while entropy cannot yet discriminate: the fixed controller's k", check=at_least(1))
         warmup_k: tuple[int, ...] = option((2, 4, 8), "cycled in warm-up so that C_v's slope in k is measured; "
                                                       "small first, so a losing first round costs little",
                                            check=non_empty(at_least(1)))

@@ -15,7 +15,7 @@ class FixedK(Controller):
 
     @dataclass(frozen=True)
     class Options(OptionSet):
-        k: int = option(4, "the best fixed k on this project's CPU benchmark at 4K-8K", check=at_least(1))
+        k: int = option(4, "short enough that a rejected draft wastes little, long enough to pay for a verification", check=at_least(1))
 
     def __init__(self, k: int | None = None, **options):
         super().__init__(**options, **({} if k is None else {"k": k}))
