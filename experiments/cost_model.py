@@ -52,6 +52,10 @@ SHAPES = {
     "llama3_8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                       intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
                       max_position_embeddings=131072),
+    # SmolLM2-135M (the embedded CPU model): GQA 9/3 heads, head dim 64, tied embeddings
+    "smollm2_135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, rope_theta=100000.0, max_position_embeddings=8192,
+                         tie_word_embeddings=True),
     # a few-layer stand-in with the same GQA ratio, to check the script on a CPU
     "tiny": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                  intermediate_size=1408, vocab_size=32000, rope_theta=500000.0, max_position_embeddings=131072),
