@@ -120,7 +120,7 @@ def harness_run(monkeypatch):
     from hydra import compose, initialize_config_dir
 
     import sparsespec.harness.runner as runner
-    from test_bench import Tokenizer
+    from helpers import Tokenizer
 
     model = build_tiny("llama")
     lengths = (300, 120, 250, 90, 200)
@@ -209,3 +209,20 @@ def exit_status(stop: SystemExit) -> int:
     if stop.code is None:
         return 0
     return stop.code if isinstance(stop.code, int) else 1
+
+
+@pytest.fixture(scope="module")
+def hydra_conf():
+    """Hydra initialised on the project's conf/ for a module's tests; `make(...)` composes within it."""
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        yield
+
+
+def make(*overrides: str):
+    """The run config composed from conf/config.yaml with `overrides` (inside `hydra_conf`)."""
+    from hydra import compose
+
+    from sparsespec.harness.contexts import exact_context_overrides
+    return compose(config_name="config", overrides=exact_context_overrides(list(overrides)))

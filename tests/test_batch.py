@@ -18,7 +18,7 @@ from conftest import ARCHS, build_tiny, random_prompt, slow_but
 from sparsespec.engine import loop
 from sparsespec.errors import ConfigError
 from sparsespec.engine.sampling import Sampler
-from test_sampling import VOCAB, enumerate_outputs, model_distribution, total_variation
+from helpers import VOCAB, enumerate_outputs, model_distribution, total_variation
 
 NEW = 32
 LENGTHS = (300, 90, 200, 40)    # past the 64-token sliding window and below it; 40 < every budget: dense

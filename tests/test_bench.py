@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 import sparsespec.harness.decoding as decoding
 import sparsespec.harness.runner as runner
 from analysis.figures import main as figures_main
+from helpers import Tokenizer
 from conftest import build_tiny, random_prompt, slow_but
 from sparsespec.errors import ConfigError
 from sparsespec.harness.entries import entry_folder, method_node
@@ -27,10 +28,6 @@ BUDGET = "budget=0.5"        # 150 of the tiny prompts' 300 tokens: room for sin
 METHODS = [f"sparsespec:{BUDGET}", f"sparsespec_fixed:k=4,{BUDGET}", "pld", "hf_generate", "hf_pld"]
 FOLDERS = ["ar", "sparsespec-budget=0.5", "sparsespec_fixed-k=4-budget=0.5", "pld", "hf_generate", "hf_pld"]
 
-
-class Tokenizer:
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return " ".join(map(str, ids))
 
 
 def tiny_prompts(n: int) -> list:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from omegaconf import OmegaConf
 
 from sparsespec.method_options import option_names, resolve
@@ -20,21 +20,13 @@ from sparsespec.harness.contexts import exact_context_overrides
 from sparsespec.methods import METHODS
 from sparsespec.models import EMBEDDED_MODELS, ModelSpec
 
+from conftest import make
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def hydra_conf():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-
-
-def make(*overrides: str):
-    return compose(config_name="config", overrides=exact_context_overrides(list(overrides)))
 
 
 def test_config_groups_hold_what_the_issue_names():

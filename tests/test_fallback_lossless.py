@@ -14,7 +14,7 @@ from sparsespec.controllers.fallback import PLAIN
 from sparsespec.api import decode, sparsespec_attention
 from sparsespec.method_options import resolve
 from sparsespec.methods import METHODS
-from test_sampling import NEW as SAMPLED, TOLERANCE, enumerate_outputs, model_distribution, total_variation
+from helpers import NEW as SAMPLED, TOLERANCE, enumerate_outputs, model_distribution, total_variation
 
 NEW = 48
 SWITCHING = dict(cost_window=3, probe_every=1, probe_max=2)   # short memory and waits: many switches in 48 tokens

@@ -22,8 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import cli_env
-from test_config import hydra_conf, make  # noqa: F401 (hydra_conf is a fixture)
+from conftest import cli_env, make
 
 from sparsespec.errors import ConfigError
 from sparsespec.harness.callbacks import sweep_lines

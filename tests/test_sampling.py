@@ -9,6 +9,8 @@ import torch
 
 import sparsespec
 from conftest import build_tiny, random_prompt, slow_but
+from helpers import (NEW, PROMPT, TOLERANCE, VOCAB, EnumeratingSampler, enumerate_outputs, model_distribution,
+                     total_variation)
 from sparsespec.engine import sampling
 from sparsespec.api import decode, sparsespec_attention
 from sparsespec.method_options import resolve
@@ -76,8 +78,6 @@ def test_top_p_keeps_the_smallest_nucleus():
 # an exact sum over branches. It is compared with the model's own distribution of the first tokens,
 # enumerated over a 3-token vocabulary. No Monte Carlo noise: a bias far below 2% shows.
 
-VOCAB, NEW, PROMPT = 3, 4, 16        # 4 tokens: a round of k=2, then rounds after a rejection
-TOLERANCE = 1e-4                     # float32 logits through cache vs. one full forward: ~1e-7
 TINY_SPARSE = dict(sink=1, recent=2, topk=2, draft_weights="full")   # 5 of 16+ positions
 DRAFTING = {
     "sparsespec": dict(controller="fixed", k=2, **TINY_SPARSE),
@@ -92,71 +92,6 @@ DRAFTING = {
 }
 
 
-class UniformOutcome:
-    """What `Sampler.uniform()` returns while enumerating: `u < alpha` branches, true with weight alpha."""
-
-    def __init__(self, sampler):
-        self.sampler = sampler
-
-    def __lt__(self, alpha):
-        alpha = min(max(float(alpha), 0.0), 1.0)
-        return self.sampler.branch([alpha, 1.0 - alpha]) == 0
-
-
-class EnumeratingSampler(Sampler):
-    """Follows `path` (an option index per random choice), extending it with first options; records
-    the number of options at each choice and the product of the chosen options' probabilities."""
-
-    def __init__(self, path: list[int], **kwargs):
-        super().__init__(**kwargs)
-        self.path, self.options, self.weight = path, [], 1.0
-
-    def branch(self, weights: list[float]) -> int:
-        options = [i for i, w in enumerate(weights) if w > 1e-9]
-        depth = len(self.options)
-        if depth == len(self.path):
-            self.path.append(0)
-        self.options.append(len(options))
-        chosen = options[self.path[depth]]
-        self.weight *= weights[chosen]
-        return chosen
-
-    def draw(self, probs):
-        weights = probs.double() / probs.double().sum()          # torch.multinomial normalises too
-        return torch.tensor(self.branch(weights.tolist()), device=probs.device)
-
-    def uniform(self, device):
-        return UniformOutcome(self)
-
-
-@contextmanager
-def one_thread():
-    """Thread-count-dependent float sums could flip an alpha of exactly 1; one thread is also faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def enumerate_outputs(decode_once, temperature=1.0, top_p=1.0) -> dict:
-    """Exact output distribution of a decode loop: `decode_once(sampler)` runs the loop once with an
-    EnumeratingSampler and returns the output's key; every branch of its random choices is visited,
-    depth first, and each output weighted by its branch's probability."""
-    dist, path = {}, []
-    with one_thread():
-        while True:
-            sampler = EnumeratingSampler(path, temperature=temperature, top_p=top_p)
-            key = decode_once(sampler)
-            dist[key] = dist.get(key, 0.0) + sampler.weight
-            while path and path[-1] + 1 >= sampler.options[len(path) - 1]:   # next branch, depth first
-                path.pop()
-            if not path:
-                return dist
-            path[-1] += 1
-
-
 @torch.inference_mode()
 def loop_distribution(model, prompt, method, temperature=1.0, top_p=1.0, **options) -> dict[tuple, float]:
     """Exact distribution of the first NEW tokens `method` emits: the loop run once per branch."""
@@ -169,21 +104,6 @@ def loop_distribution(model, prompt, method, temperature=1.0, top_p=1.0, **optio
         with sparsespec_attention(model):
             return tuple(decode(model, prompt.view(-1), drafter, controller, sampler, NEW, set()).tokens)
     return enumerate_outputs(decode_once, temperature, top_p)
-
-
-@torch.inference_mode()
-def model_distribution(model, prompt, temperature=1.0, top_p=1.0, new=NEW) -> dict[tuple, float]:
-    """P(x_1..x_new) = prod_t p(x_t | prompt, x_<t), every sequence in one batched forward."""
-    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=new)))          # (V^new, new)
-    ids = torch.cat([prompt.view(1, -1).expand(len(seqs), -1), seqs], dim=1)
-    n = prompt.numel()
-    p = Sampler(temperature=temperature, top_p=top_p).probs(model(ids).logits[:, n - 1:n + new - 1]).double()
-    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=-1)              # (V^new,)
-    return {tuple(s): float(v) for s, v in zip(seqs.tolist(), probs)}
-
-
-def total_variation(a: dict, b: dict) -> float:
-    return 0.5 * sum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
 
 
 def marginal_tvs(a: dict, b: dict) -> list[float]:
