@@ -176,45 +176,75 @@ def measure_planned(model, prompts: list, starts: list[dict], jobs: dict[str, Pr
     (`starts`: one dict label -> Prefilled per prompt): the probes and AR steps at their counts, then each sized profile at
     the count its probes chose. Records in `calibration` each entry's thread choice and, for an entry
     that reads costs, its prior (the sized profile, or the chosen count's probe when there is none)."""
-    def start_of(label):
-        return [s.pop(label) for s in starts]
+    run = PlannedDecodes(model, prompts, starts, calibration)
+    probes, decode_s = measure_at_counts(run, jobs, calibration)
+    choose_counts(jobs, probes, decode_s, calibration)
+    for label, job in jobs.items():
+        if job.threads is None:
+            measure_sized(run, label, job, calibration)
 
-    def decoded(label, ar_attention=None):
-        return generate(model, prompts, prefilled=start_of(label), stop_at_eos=False,
-                        ar_attention=ar_attention or calibration.ar_attention)
 
+class PlannedDecodes:
+    """The calibration's decodes, each from its own start of the shared prefill (one per prompt)."""
+
+    def __init__(self, model, prompts: list, starts: list[dict], calibration: RunCalibration):
+        self.model, self.prompts, self.starts, self.calibration = model, prompts, starts, calibration
+
+    def start_of(self, label: str) -> list:
+        return [s.pop(label) for s in self.starts]
+
+    def decoded(self, label: str, ar_attention: str | None = None):
+        return generate(self.model, self.prompts, prefilled=self.start_of(label), stop_at_eos=False,
+                        ar_attention=ar_attention or self.calibration.ar_attention)
+
+    def profile(self, label: str) -> CostProfile:
+        return measure_cost_profile(self.model, self.prompts, prefilled=self.start_of(label),
+                                    ar_attention=self.calibration.ar_attention)
+
+
+def measure_at_counts(run: PlannedDecodes, jobs: dict[str, ProfileJob], calibration: RunCalibration):
+    """The AR steps (first: AR's path is chosen from them before any later k = 0 round runs), then
+    each probe, at its thread count -> (probes: entries -> count -> CostProfile, decode_s: entries ->
+    count -> seconds of a probe that reads no costs)."""
     probes, decode_s, ar_steps = defaultdict(dict), defaultdict(dict), {}
-    priors_of = {job.entries: job.priors for job in jobs.values()}
     for label, job in jobs.items():
         if job.threads is None:
             continue
         if job.method != AR and ar_steps and AR not in calibration.choices:
-            calibration.choose_ar(ar_steps)          # the AR jobs come first: later k = 0 rounds take its path
+            calibration.choose_ar(ar_steps)
         with threads.using(job.threads):
             if job.method == AR:
                 ar_steps[job.threads, job.ar_attention] = thread_choice.ar_step_s(
-                    full_batch_rounds(decoded(label, job.ar_attention)))
+                    full_batch_rounds(run.decoded(label, job.ar_attention)))
             elif job.costs:
-                probes[job.entries][job.threads] = measure_cost_profile(
-                    model, prompts, prefilled=start_of(label), ar_attention=calibration.ar_attention)
+                probes[job.entries][job.threads] = run.profile(label)
             else:   # the same rounds at each count: their decode seconds compare (drafts or none)
-                decode_s[job.entries][job.threads] = decoded(label).decode_s
+                decode_s[job.entries][job.threads] = run.decoded(label).decode_s
     if ar_steps and AR not in calibration.choices:
         calibration.choose_ar(ar_steps)
+    return probes, decode_s
+
+
+def choose_counts(jobs: dict[str, ProfileJob], probes: dict, decode_s: dict, calibration: RunCalibration) -> None:
+    """Each probe group's count (the least decode seconds, or the least profiled work W with the mixed
+    plan beside it), and the chosen count's probe as the prior of the group's cost readers."""
     for entries, by_count in decode_s.items():
         calibration.choose_for(entries, thread_choice.choose(by_count, "the probe's decode seconds", shared_by=entries))
     counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
     switch_s = thread_choice.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
+    priors_of = {job.entries: job.priors for job in jobs.values()}
     for entries, by_count in probes.items():
         choice = thread_choice.choose({t: thread_choice.profile_work_s(p) for t, p in by_count.items()},
-                                "W = sum_k (k C_d + C_v(k))", thread_choice.mixed_plan(by_count, switch_s), shared_by=entries)
+                                      "W = sum_k (k C_d + C_v(k))", thread_choice.mixed_plan(by_count, switch_s),
+                                      shared_by=entries)
         calibration.choose_for(entries, choice)
         for entry in priors_of[entries]:
             calibration.priors[entry] = by_count[choice.threads]
-    for label, job in jobs.items():
-        if job.threads is None:
-            with threads.using(calibration.choices[job.entries[0]].threads):
-                profile = measure_cost_profile(model, prompts, prefilled=start_of(label),
-                                               ar_attention=calibration.ar_attention)
-            for entry in job.priors:
-                calibration.priors[entry] = profile
+
+
+def measure_sized(run: PlannedDecodes, label: str, job: ProfileJob, calibration: RunCalibration) -> None:
+    """A sized cost profile at the count its group's probes chose: the prior of the group's cost readers."""
+    with threads.using(calibration.choices[job.entries[0]].threads):
+        profile = run.profile(label)
+    for entry in job.priors:
+        calibration.priors[entry] = profile
