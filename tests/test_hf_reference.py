@@ -62,3 +62,15 @@ def test_eos_and_options():
         model.generation_config.eos_token_id = None
     with pytest.raises(ConfigError, match="unknown option"):
         hf_generate(model, prompt, method="hf_generate", max_new_tokens=4, k=3)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])   # a compile: ~15 s
+def test_the_static_row_decodes_what_ar_decodes_and_keeps_its_warm_up_out_of_the_timing(compiled):
+    model = build_tiny("qwen2")                           # sliding-window layers: the static cache's masks apply
+    prompt = repeating_prompt()
+    ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=NEW, stop_at_eos=False)
+    gen = hf_generate(model, prompt, method="hf_generate_static", compile=compiled, max_new_tokens=NEW,
+                      stop_at_eos=False)
+    assert gen.tokens == ar.tokens
+    assert gen.options["compile"] is compiled and gen.options["compile_s"] > 0    # the untimed warm-up, reported
+    assert gen.prefill_s > 0 and gen.decode_s > 0 and len(gen.rounds) == NEW - 1
