@@ -26,19 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import time
 from pathlib import Path
 
 import torch
-from scipy import stats as sps
 
 import sparsespec
 from sparsespec.engine.attention import AR_ATTENTION
 from sparsespec.errors import ConfigError
 from sparsespec.hf_reference import hf_generate
 from sparsespec.models import load_model
+from sparsespec.stats import geometric_ci
 from sparsespec.tables import markdown_table
 from sparsespec.tasks import load_prompts
 
@@ -82,24 +81,20 @@ def decode_prompt(model, prompt, index: int, new: int, hf: bool) -> dict:
     return {"prompt": prompt.id, "index": index, "prompt_tokens": ids.numel(), "order": order, "rows": rows}
 
 
-def paired(results: list[dict], label: str, over: str) -> tuple[float, float, float, int]:
-    """Geometric-mean speed-up of `label` over `over` on the prompts with both, 95% t interval."""
-    logs = [math.log(r["rows"][label]["tokens_per_s"] / r["rows"][over]["tokens_per_s"])
-            for r in results if label in r["rows"] and over in r["rows"]]
-    n = len(logs)
-    mean = sum(logs) / n
-    if n < 2:
-        return math.exp(mean), math.nan, math.nan, n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = sps.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), n
+def paired(results: list[dict], label: str, over: str):
+    """Geometric-mean speed-up of `label` over `over` on the prompts with both, 95% t interval (an `Estimate`)."""
+    return geometric_ci(r["rows"][label]["tokens_per_s"] / r["rows"][over]["tokens_per_s"]
+                        for r in results if label in r["rows"] and over in r["rows"])
+
+
+def tokens_per_s(results: list[dict], label: str) -> float:
+    """Geometric mean of `label`'s decode tokens/s over the prompts it decoded."""
+    return geometric_ci(r["rows"][label]["tokens_per_s"] for r in results if label in r["rows"]).mean
 
 
 def fastest_ar(results: list[dict]) -> str:
     """The AR path with the highest geometric-mean tokens/s over the prompts: the new denominator."""
-    def gm(label):
-        return math.exp(sum(math.log(r["rows"][label]["tokens_per_s"]) for r in results) / len(results))
-    return max((f"ar@{p}" for p in AR_ATTENTION), key=gm)
+    return max((f"ar@{p}" for p in AR_ATTENTION), key=lambda label: tokens_per_s(results, label))
 
 
 def table(results: list[dict], meta: dict) -> str:
@@ -108,11 +103,10 @@ def table(results: list[dict], meta: dict) -> str:
     lines = []
     for label in labels:
         have = [r["rows"][label] for r in results if label in r["rows"]]
-        gm = math.exp(sum(math.log(h["tokens_per_s"]) for h in have) / len(have))
-        cells = {"row": label, "prompts": len(have), "decode tok/s": gm}
+        cells = {"row": label, "prompts": len(have), "decode tok/s": tokens_per_s(results, label)}
         for name, over in (("/ old AR (ar@sdpa)", OLD), (f"/ fastest AR ({best})", best)):
-            est, lo, hi, _ = paired(results, label, over)
-            cells[name] = f"{est:.2f}x" + ("" if math.isnan(lo) else f" [{lo:.2f}, {hi:.2f}]")
+            e = paired(results, label, over)
+            cells[name] = f"{e.mean:.2f}x" + ("" if e.low is None else f" [{e.low:.2f}, {e.high:.2f}]")
         cells["equal to AR"] = f"{sum(h['equal_to_ar'] for h in have)}/{len(have)}"
         compile_s = [h["options"].get("compile_s") for h in have if h["options"].get("compile_s") is not None]
         cells["compile s (untimed)"] = f"{sum(compile_s) / len(compile_s):.0f}" if compile_s else "-"

@@ -189,8 +189,6 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
                      method: str = METHOD) -> dict:
     """AR and `method` through `sparsespec.generate` with its defaults, on the run's prompts, beside
     `load`; the case record (the same fields as a harness case)."""
-    import math
-
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -199,6 +197,7 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
     from sparsespec.harness.decoding import load_inputs
     from sparsespec.harness.environment import collect
     from sparsespec.harness.run_config import build_run_config
+    from sparsespec.stats import geometric_ci
 
     overrides = ["logger=none", *exact_context_overrides(overrides)]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -216,19 +215,13 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
                             "match": gens[method].tokens == gens["ar"].tokens,
                             "rounds": [{"drafted": r.drafted} for r in gens[method].rounds]})
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    logs = [math.log(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"]) for s in samples]
-    mean = sum(logs) / len(logs)
-    low = high = None
-    if len(logs) > 1:
-        from scipy import stats as sps
-        half = sps.t.ppf(0.975, len(logs) - 1) * sps.tstd(logs) / math.sqrt(len(logs))
-        low, high = math.exp(mean - half), math.exp(mean + half)
+    speedup = geometric_ci(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples)
     env = collect(device="cpu", dtype=config.dtype)
     return {"case": f"library {load.name} @{tokens}", "load": load.description, "method": f"{method} (generate)",
             "overrides": overrides, "load_ran_s": background.ran_s, "load_outlived_run": background.outlived,
-            "ar_tokens_per_s": math.exp(sum(math.log(s["ar_tokens_per_s"]) for s in samples) / len(samples)),
-            "tokens_per_s": math.exp(sum(math.log(s[f"{method}_tokens_per_s"]) for s in samples) / len(samples)),
-            "speedup_vs_ar": math.exp(mean), "speedup_ci95": [low, high],
+            "ar_tokens_per_s": geometric_ci(s["ar_tokens_per_s"] for s in samples).mean,
+            "tokens_per_s": geometric_ci(s[f"{method}_tokens_per_s"] for s in samples).mean,
+            "speedup_vs_ar": speedup.mean, "speedup_ci95": [speedup.low, speedup.high],
             "outputs_match_ar": sum(s["match"] for s in samples) / len(samples), "k0_share": k0_share(samples),
             "ar_threads": torch.get_num_threads(), "threads": torch.get_num_threads(), "bench": None,
             "cpu": env.get("cpu"), "cpu_flags": env.get("cpu_flags"), "blas": env.get("blas"), "n_prompts": len(samples)}
