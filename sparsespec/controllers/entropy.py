@@ -212,11 +212,15 @@ class EntropyController(Controller):
                          and abs(self.mu_acc - self.mu_rej) < self.min_separation)
         return not centres_equal
 
+    def acceptance_rate(self) -> float:
+        """Judged drafts accepted so far, by Laplace's rule of succession: (n_acc + 1) / (n_judged + 2)."""
+        return (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2)
+
     def acceptance(self, entropy: float) -> float:
         """p_i. With one centre still unseen (never a rejection, or never an acceptance), entropy
         cannot be compared, and Laplace's rule of succession on the counts stands in. The binned
         model shrinks each bin towards that same overall rate."""
-        rate = (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2)
+        rate = self.acceptance_rate()
         if self.acceptance_model == "binned":
             return self.bins.acceptance(entropy, rate)
         if self.mu_rej is None:
@@ -231,14 +235,20 @@ class EntropyController(Controller):
     # --- the round protocol -----------------------------------------------------------------
     def start_round(self, limit: int) -> int:
         self._reset_round(limit)
-        if limit > 0 and self.plain is not None:
-            if self.plain.cost_ar() is None:
-                self._choice, self._fixed = AR_PROBE, 0      # C_AR first: what every later round is judged by
+        plain = self.plain if limit > 0 else None
+        if plain is not None and plain.cost_ar() is None:
+            self._choice, self._fixed = AR_PROBE, 0          # C_AR first: what every later round is judged by
+            return 0
+        if plain is not None and (self.ready or plain.falling_back):   # falling back unready: the warm-up lost
+            self._choice = plain.choose()
+            if self._choice in PLAIN:
+                self._fixed = 0                     # no draft: one AR step
                 return 0
-            if self.plain.falling_back and not self.ready:   # the warm-up lost: the fallback rule decides
-                self._choice = self.plain.choose()
-                self._fixed = 0 if self._choice in PLAIN else min(self.prior_k, limit)
-                return self._fixed
+            if self._choice == PROBE:
+                self._limit = min(limit, self.prior_k)   # a probe's cost is bounded
+            if not self.ready:                           # the rule cannot pick k yet: the probe drafts prior_k
+                self._fixed = self._limit
+            return self._limit
         if limit <= 0 or not self.ready:
             self._warmup = limit > 0
             if self.warmup_seen < self.warmup_rounds and self.warmup_k:
@@ -247,13 +257,6 @@ class EntropyController(Controller):
                 k = self.prior_k
             self._fixed = min(k, limit)
             return self._fixed
-        if self.plain is not None:
-            self._choice = self.plain.choose()
-            if self._choice in PLAIN:
-                self._fixed = 0                     # no draft: one AR step
-                return 0
-            if self._choice == PROBE:
-                self._limit = min(limit, self.prior_k)   # a probe's cost is bounded
         return self._limit
 
     def keep_drafting_batch(self, entropies: Sequence[Sequence[float]]) -> bool:
@@ -335,8 +338,7 @@ class EntropyController(Controller):
         c_ar = self.plain.cost_ar()
         if c_ar is None:
             return False
-        rate = (self.n_accepted + 1) / (self.n_accepted + self.n_rejected + 2)
-        expected = 1.0 + sum(rate ** m for m in range(1, k + 1))
+        expected = 1.0 + sum(survival([self.acceptance_rate()] * k))
         return round_s * self.plain.margin > expected * c_ar
 
     def _learn(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:

@@ -306,7 +306,8 @@ def accept(drafts: torch.Tensor, probs: list, logits: torch.Tensor, sampler: Sam
         agree = (drafts == target[:, :drafts.shape[1]]).long()                         # (B, k)
         accepted = agree.cumprod(dim=1).sum(dim=1)                                     # (B,): the agreeing prefix
         following = target.gather(1, accepted.view(-1, 1)).view(-1)                    # (B,)
-        return accepted.tolist(), following.tolist()
+        accepted, following = torch.stack([accepted, following]).tolist()              # one sync for both
+        return accepted, following
     picks = [accept_sampling(drafts[row], torch.stack([p[row] for p in probs]) if probs else None, logits[row],
                              sampler) for row in range(drafts.shape[0])]                # probs empty: one-hot drafts
     return [a for a, _ in picks], [t for _, t in picks]
