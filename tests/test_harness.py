@@ -27,7 +27,7 @@ from conftest import cli_env, make
 from sparsespec.errors import ConfigError
 from sparsespec.harness.callbacks import sweep_lines
 from sparsespec.harness.checks import make_output_folder
-from sparsespec.harness.folder_lock import LOCK_FILE, hold_folder
+from sparsespec.harness.folder_lock import HOLDER_FILE, LOCK_FILE, hold_folder, lock_holder
 from sparsespec.harness.results import RESUME, SamplesFile, aggregate, build_sample, check_resume
 from sparsespec.harness.tracking import Tracker, WandbTracker, make_tracker
 
@@ -288,6 +288,25 @@ def test_a_held_folder_refuses_a_second_run_at_once_and_names_the_holder(tmp_pat
     assert not (tmp_path / "samples.jsonl").exists() and not (tmp_path / RESUME).exists()
     run(make(*QUICK), tmp_path)                                    # released: the folder runs
     assert len(read_samples(tmp_path)) == 2
+
+
+def test_a_refused_run_waits_for_the_holders_note_and_skips_an_ended_runs_note(tmp_path):
+    """The holder writes its note just after it takes the lock: a run refused in between waits for
+    the note instead of naming nobody, and a note left by a run that has ended names nobody."""
+    import threading
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    stale = {"pid": int(ended.stdout), "host": socket.gethostname(), "started": "earlier"}
+    (tmp_path / HOLDER_FILE).write_text(json.dumps(stale))
+    assert lock_holder(tmp_path, wait_s=0.2).startswith("holder not known")
+    live = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}
+    late = threading.Timer(0.3, lambda: (tmp_path / HOLDER_FILE).write_text(json.dumps(live)))
+    late.start()
+    try:
+        assert lock_holder(tmp_path, wait_s=10) == f"pid {os.getpid()} on {socket.gethostname()}, started now"
+    finally:
+        late.join()
 
 
 def folder_contents(folder: Path) -> dict[str, bytes]:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,10 +19,11 @@ from filelock import FileLock, Timeout
 
 from sparsespec.errors import ConfigError
 
-from sparsespec.harness.results import write_json
+from sparsespec.harness.results import read_json, write_json
 
 LOCK_FILE = ".run.lock"
 HOLDER_FILE = ".run.lock.json"   # the note of the lock's holder; left in place, overwritten by the next one
+NOTE_WAIT_S = 5.0                # the holder writes its note just after taking the lock: wait this long for it
 
 
 # Folders claimed for this process's run before Hydra writes into them (`claim_folder`): the run's
@@ -71,11 +73,33 @@ def hold_folder(folder: Path) -> Iterator[None]:
         lock.release()
 
 
-def lock_holder(folder: Path) -> str:
-    """Who holds `folder`'s lock, in words, from the holder's note."""
+def lock_holder(folder: Path, wait_s: float = NOTE_WAIT_S) -> str:
+    """Who holds `folder`'s lock, in words, from the holder's note.
+
+    The holder writes its note just after it takes the lock, so a run refused in between finds no
+    note, or the note of an earlier run that has ended. Poll up to `wait_s` for a note naming a live
+    holder (a process of this host that exists, or any process of another host)."""
     note = Path(folder) / HOLDER_FILE
+    deadline = time.monotonic() + wait_s
+    while True:
+        holder = read_json(note)
+        if holder is not None and _names_live_holder(holder):
+            return f"pid {holder['pid']} on {holder['host']}, started {holder.get('started', '?')}"
+        if time.monotonic() >= deadline:
+            return f"holder not known: {note.name} is missing, unreadable or names a run that has ended"
+        time.sleep(0.05)
+
+
+def _names_live_holder(holder: dict) -> bool:
+    pid, host = holder.get("pid"), holder.get("host")
+    if not isinstance(pid, int) or not isinstance(host, str):
+        return False
+    if host != socket.gethostname():
+        return True                       # cannot look at another host's processes; trust its note
     try:
-        holder = json.loads(note.read_text(encoding="utf-8"))
-        return f"pid {holder['pid']} on {holder['host']}, started {holder['started']}"
-    except (OSError, ValueError, TypeError, KeyError):   # no note yet (it is written just after the lock)
-        return f"holder not known: {note.name} is missing or unreadable"
+        os.kill(pid, 0)                   # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:               # exists, owned by someone else
+        return True
+    return True
