@@ -33,6 +33,7 @@ from sparsespec.engine.generation import Generation
 from sparsespec.method_options import build_method
 from sparsespec.engine.sampling import Sampler
 from sparsespec.engine.prefill import PrefillMemo, Prefilled
+from sparsespec.engine.thread_rule import AUTO, thread_rule
 
 
 def as_prompt_tensor(input_ids, device, vocab_size: int) -> torch.Tensor:
@@ -118,6 +119,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
              cost_prior=None, attention_mask=None, ar_attention: str = DEFAULT_AR_ATTENTION,
+             threads: int | str = AUTO, thread_prior: int | None = None,
              **method_options) -> "Generation | loop.BatchGenerations":
     """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
     tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
@@ -125,7 +127,10 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     max_new_tokens are the prefill's. `cost_prior`: a `CostProfile` (sparsespec.calibration) the
     controller starts from. `ar_attention`: how an AR step (the `ar` method's, and every k = 0
     round of the others) attends, one of `AR_ATTENTION` (sparsespec/engine/attention.py); the harness
-    measures them and passes the fastest.
+    measures them and passes the fastest. `threads`: "auto" chooses the intra-op thread count online,
+    between 1 and the process's default, from the rounds' own costs, and re-probes when they move
+    (sparsespec/engine/thread_rule.py); `thread_prior` is the count it starts from (the harness's
+    probe); a positive int fixes the count. The caller's count is restored at the end.
 
     A batch (a list of 1-D prompts, (B, L) ids with B > 1, or padded ids with `attention_mask`)
     is decoded together and returns a `BatchGenerations`: a list of one `Generation` per prompt, in
@@ -138,6 +143,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     check_seed(seed)
     if ar_attention not in AR_ATTENTION:
         raise ConfigError(f"ar_attention={ar_attention!r}; accepted: {', '.join(AR_ATTENTION)}")
+    rule = thread_rule(threads, thread_prior)
     batched = loop.is_batch(input_ids, attention_mask)
     prompts = (loop.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids)) if batched
                else [prompt_of(model, input_ids)])
@@ -147,7 +153,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
     gens = decode_prompts(model, prompts, method=method, max_new_tokens=max_new_tokens, options=method_options,
                           sampler=sampler, stop_ids=stop_ids, cost_prior=cost_prior, prefilled=prefilled,
-                          ar_attention=ar_attention)
+                          ar_attention=ar_attention, thread_rule=rule)
     if not batched:
         return gens[0]
     for gen in gens:
@@ -157,10 +163,12 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
 
 def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, max_new_tokens: int | None,
                    options: dict, sampler: Sampler, stop_ids: set, cost_prior=None,
-                   prefilled=None, ar_attention: str = DEFAULT_AR_ATTENTION) -> "loop.BatchGenerations":
+                   prefilled=None, ar_attention: str = DEFAULT_AR_ATTENTION,
+                   thread_rule=None) -> "loop.BatchGenerations":
     """`prompts` (checked 1-D prompts) decoded by the loop (sparsespec/engine/loop.py: together, or one at
     a time for a method that is not batchable), each from its prefill: `prefilled` (one `Prefilled`
-    per prompt, of one method), or its own."""
+    per prompt, of one method), or its own; `thread_rule`: the count each round runs at (None: the
+    process's count)."""
     if prefilled is None:
         method = method or "sparsespec"
         max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
@@ -172,7 +180,7 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
     else:
         starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
     warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
-    return loop.decode(model, starts, sampler, stop_ids, cost_prior, ar_attention)
+    return loop.decode(model, starts, sampler, stop_ids, cost_prior, ar_attention, thread_rule)
 
 
 def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_tokens, options: dict) -> list[Prefilled]:
@@ -191,8 +199,9 @@ def checked_starts(prefilled, prompts: list[torch.Tensor], method, max_new_token
 
 
 def decode(model, prompt: torch.Tensor, drafter, controller, sampler: Sampler, max_new_tokens: int,
-           stop_ids: set[int]) -> Generation:
-    """Prefill and decode one prompt with a drafter and controller built by hand (tests, new drafters)."""
+           stop_ids: set[int], thread_rule=None) -> Generation:
+    """Prefill and decode one prompt with a drafter and controller built by hand (tests, new drafters);
+    `thread_rule`: the count each round runs at (None: the process's count)."""
     start = prefill_built(model, prompt, {drafter.name: (drafter.name, drafter, controller, {}, max_new_tokens)},
                           in_place=True)[drafter.name]
-    return loop.decode(model, [start], sampler, stop_ids)[0]
+    return loop.decode(model, [start], sampler, stop_ids, thread_rule=thread_rule)[0]

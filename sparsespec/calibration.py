@@ -35,6 +35,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+import torch
+
 from sparsespec.api import generate
 from sparsespec.controllers import CycleK
 from sparsespec.controllers.acceptance import EntropyBins, judged
@@ -104,14 +106,16 @@ def measure_cost_profile(model, input_ids, *, method: str = "sparsespec", ks=DEF
     prompts decoded as one batch); the median costs per k. `options` are the method's; controller
     options among them are ignored (the cycle replaces them). `prefilled`: the profile's start (one
     `Prefilled`, or one per prompt of a batch) from a prefill shared with the run's methods, made with
-    `profile_decoder`'s method, options and length; then no prefill of its own is run."""
+    `profile_decoder`'s method, options and length; then no prefill of its own is run. Measured at the
+    process's thread count (no online thread choice)."""
     prompts = input_ids if is_batch(input_ids, None) else [input_ids]     # one prompt: a batch of one
     if prefilled is None:
         method, profile_options, new_tokens = profile_decoder(method, options, ks, repeats)
         gens = generate(model, prompts, method=method, max_new_tokens=new_tokens, stop_at_eos=False,
-                        ar_attention=ar_attention, **profile_options)
+                        ar_attention=ar_attention, threads=torch.get_num_threads(), **profile_options)
     else:
-        gens = generate(model, prompts, prefilled=prefilled, stop_at_eos=False, ar_attention=ar_attention)
+        gens = generate(model, prompts, prefilled=prefilled, stop_at_eos=False, ar_attention=ar_attention,
+                        threads=torch.get_num_threads())
     return profile_of(full_batch_rounds(gens))
 
 

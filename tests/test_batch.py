@@ -227,7 +227,7 @@ def rows_decoded_by_the_loop(monkeypatch, rows):
     its row (the loop's clock stops after the row's end)."""
     parts = iter(rows)
 
-    def one_part(model, starts, sampler, stop_ids, cost_prior=None, ar_attention=None):
+    def one_part(model, starts, sampler, stop_ids, cost_prior=None, ar_attention=None, thread_rule=None):
         part = loop.BatchGenerations([next(parts)])
         part.decode_s, part.prefill_s, part.batch_size = part[0].decode_s + 0.5, part[0].prefill_s, 1
         return part

@@ -68,7 +68,7 @@ def test_a_mixed_plan_pays_only_when_it_beats_both_counts_by_more_than_its_switc
 
 def test_a_switch_cost_is_measured_and_leaves_the_count_as_it_was():
     before = torch.get_num_threads()
-    cost = thread_choice.switch_cost_s((1, 2), repeats=20)
+    cost = threads.switch_cost_s((1, 2), repeats=20)
     assert math.isfinite(cost) and cost >= 0
     assert torch.get_num_threads() == before
 
@@ -176,12 +176,13 @@ def test_entries_sharing_a_probe_get_one_choice_from_one_probe_and_only_the_cost
         probed.append(torch.get_num_threads())
         return profile(0.01, {1: 0.05, 2: 0.06} if torch.get_num_threads() == 2 else {1: 0.5, 2: 0.6})
 
-    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos, ar_attention):
+    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos, ar_attention, threads):
+        assert threads == torch.get_num_threads()                 # measured at the count it runs at, not chosen
         probed.append(torch.get_num_threads())
         return SimpleNamespace(decode_s=0.1 if torch.get_num_threads() == 1 else 1.0)
     monkeypatch.setattr(calibration_module, "measure_cost_profile", cost_profile_at_this_count)
     monkeypatch.setattr(calibration_module, "generate", decoded_at_this_count)
-    monkeypatch.setattr(thread_choice, "switch_cost_s", lambda counts: 0.0)
+    monkeypatch.setattr(threads, "switch_cost_s", lambda counts: 0.0)
     jobs = plan_profiles(ONE_DRAFTER, ar=False, max_new_tokens=16, num_prompts=2, counts=(1, 2))  # the floor only
     starts = [{label: object() for label in jobs}]
     calibration = RunCalibration()
@@ -296,25 +297,23 @@ def test_a_fixed_k_method_and_pld_get_a_thread_choice_from_their_own_decodes_and
         assert calibration.get(entry) is None and entry in calibration
 
 
-def test_each_decoder_decodes_at_its_chosen_count(tiny, monkeypatch):
+@pytest.mark.parametrize("online", [False, True])
+def test_each_decoder_decodes_at_its_chosen_count(tiny, online):
+    """The probe's count: the whole generation's (online_threads=false), or where the online rule starts
+    and holds for its first wait (true); a decoder with no probe keeps the process's count, or explores."""
     from omegaconf import OmegaConf
 
     from sparsespec.harness import decoding
-    seen = {}
-    generate = sparsespec.generate
-
-    def recording(model, input_ids, **kwargs):
-        gen = generate(model, input_ids, **kwargs)
-        seen[kwargs["prefilled"].method] = torch.get_num_threads()
-        return gen
-    monkeypatch.setattr(sparsespec, "generate", recording)
     before = torch.get_num_threads()
     other = 2 if before == 1 else 1
     calibration = RunCalibration(choices={"ar": thread_choice.ThreadChoice(other, {other: 0.0}, "C_AR")})
-    cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False, "batch_size": 1})
+    cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "stop_at_eos": False, "batch_size": 1,
+                            "online_threads": online})
     decoders = {"ar (reference)": ("ar", {}), "sparsespec": ("sparsespec", {"budget": 0.5})}
     gens = decoding.decode_batch(tiny, [random_prompt(200)], decoders, cfg, 0, 6, calibration)
-    assert seen == {"ar": other, "sparsespec": before}       # nothing measured for sparsespec: as it was
+    assert {r.threads for r in gens["ar (reference)"][0].rounds} == {other}
+    spec_counts = {r.threads for r in gens["sparsespec"][0].rounds}
+    assert spec_counts == ({1, before} if online and before > 1 else {before})
     assert gens["sparsespec"][0].tokens == gens["ar (reference)"][0].tokens
     assert torch.get_num_threads() == before
 

@@ -34,6 +34,7 @@ class Round:
     choice: str = ""                  # the controller's reason for this round's k: "speculate", "probe",
                                       # "fallback" or "ar_probe" (k = 0: one AR step); "" when none
     cost_ar: float | None = None      # controller's C_AR estimate when it chose (seconds; None: unmeasured)
+    threads: int = 0                  # intra-op threads the round ran with (sparsespec/engine/thread_rule.py)
 
     @property
     def seconds(self) -> float:

@@ -16,6 +16,10 @@ prompt is an ordinary batch of B = 1.
 As code: `decode_together` = `set_up` (cache, sequences, first tokens) -> `loop` -> `collect`; one
 round, `batch_round` = `propose` -> `verify` -> `accept` -> `commit` -> `learn`.
 
+Threads: each round runs at the intra-op thread count its `thread_rule` sets for rounds of its draft
+limit, and the rule learns from the round's seconds (sparsespec/engine/thread_rule.py: online between
+1 and the caller's count, or fixed); `decode` restores the caller's count at the end.
+
 The batch's caches and hooks: sparsespec/engine/batch_cache.py.
 
 The batch's k (one per round, `Controller.keep_drafting_batch`): a fixed-k controller drafts its k;
@@ -56,7 +60,9 @@ from sparsespec.engine.logits import target_logits
 from sparsespec.engine.proposers import BatchDraft, DecodeState
 from sparsespec.engine.sampling import Sampler, accept_sampling
 from sparsespec.engine.selection import sliding_window_of
+from sparsespec.engine.thread_rule import FixedThreads
 from sparsespec.engine.timing import RoundTimers, Stopwatch, synchronize
+from sparsespec.threads import using
 
 
 # --- input: a batch of prompts ----------------------------------------------------------------
@@ -150,22 +156,26 @@ def one_at_a_time(drafter, size: int) -> bool:
 
 
 def decode(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None,
-           ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
+           ar_attention: str = DEFAULT_AR_ATTENTION, thread_rule=None) -> BatchGenerations:
     """Decode from `starts` (one `Prefilled` per prompt, of one method, checked by the caller):
     together when the method's drafter is `batchable`, else one sequence at a time. `ar_attention`:
-    how an AR step (k = 0) attends (sparsespec/engine/attention.py, `AR_ATTENTION`)."""
-    if one_at_a_time(starts[0].drafter, len(starts)):
-        return decode_each(model, starts, sampler, stop_ids, cost_prior, ar_attention)
-    return decode_together(model, starts, sampler, stop_ids, cost_prior, ar_attention)
+    how an AR step (k = 0) attends (sparsespec/engine/attention.py, `AR_ATTENTION`). `thread_rule`:
+    the count each round runs at (sparsespec/engine/thread_rule.py; None: the process's count, as it
+    is); the process's count is restored at the end."""
+    rule = FixedThreads(None) if thread_rule is None else thread_rule
+    with using(torch.get_num_threads()):
+        if one_at_a_time(starts[0].drafter, len(starts)):
+            return decode_each(model, starts, sampler, stop_ids, cost_prior, ar_attention, rule)
+        return decode_together(model, starts, sampler, stop_ids, cost_prior, ar_attention, rule)
 
 
 def decode_each(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None,
-                ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
+                ar_attention: str = DEFAULT_AR_ATTENTION, thread_rule=None) -> BatchGenerations:
     """`starts` decoded as batches of one, in order, each with its own controller, drawing from the
-    one `sampler`; timed as rows `one_after_another`."""
+    one `sampler` and running at the one `thread_rule`'s counts; timed as rows `one_after_another`."""
     rows = []
     for start in starts:
-        (gen,) = decode_together(model, [start], sampler, stop_ids, cost_prior, ar_attention)
+        (gen,) = decode_together(model, [start], sampler, stop_ids, cost_prior, ar_attention, thread_rule)
         rows.append(gen)
     return one_after_another(rows)
 
@@ -182,9 +192,10 @@ def one_after_another(gens: list) -> BatchGenerations:
 
 
 def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_prior=None,
-                    ar_attention: str = DEFAULT_AR_ATTENTION) -> BatchGenerations:
+                    ar_attention: str = DEFAULT_AR_ATTENTION, thread_rule=None) -> BatchGenerations:
     """Decode from `starts` together; see the module docstring. The first start's controller is the
     batch's."""
+    thread_rule = FixedThreads(None) if thread_rule is None else thread_rule
     for p in starts:
         p.used = True
     controller = starts[0].controller                      # the batch's one controller
@@ -192,8 +203,8 @@ def decode_together(model, starts: list, sampler: Sampler, stop_ids: set, cost_p
         controller.use_cost_prior(cost_prior)
     cache, seqs, windows = set_up(model, starts, sampler, controller)
     proposer = seqs[0].drafter.batch_proposer(windows)
-    clock = loop(model, cache, seqs, proposer, controller, sampler, windows, stop_ids, ar_attention)
-    return collect(seqs, starts, clock, ar_attention)
+    clock = loop(model, cache, seqs, proposer, controller, sampler, windows, stop_ids, ar_attention, thread_rule)
+    return collect(seqs, starts, clock, ar_attention, thread_rule)
 
 
 def set_up(model, starts: list, sampler: Sampler, controller) -> tuple[BatchCache, list, list]:
@@ -220,7 +231,7 @@ def set_up(model, starts: list, sampler: Sampler, controller) -> tuple[BatchCach
 
 
 def loop(model, cache: BatchCache, seqs: list, proposer, controller, sampler: Sampler, windows, stop_ids: set,
-         ar_attention: str) -> Stopwatch:
+         ar_attention: str, thread_rule) -> Stopwatch:
     """Rounds until every sequence is done; a finished sequence leaves the batch (its rows are dropped)
     and records when it finished. Returns the clock of the whole loop."""
     device = cache.lengths.device
@@ -231,7 +242,7 @@ def loop(model, cache: BatchCache, seqs: list, proposer, controller, sampler: Sa
     with sparsespec_attention(model), clock:
         start_s = time.perf_counter()
         while active:
-            batch_round(model, cache, active, proposer, controller, sampler, windows, ar_attention)
+            batch_round(model, cache, active, proposer, controller, sampler, windows, ar_attention, thread_rule)
             finished = [s for s in active if cut_and_check(s, stop_ids)]
             if finished:
                 synchronize(device)
@@ -243,7 +254,7 @@ def loop(model, cache: BatchCache, seqs: list, proposer, controller, sampler: Sa
     return clock
 
 
-def collect(seqs: list, starts: list, clock: Stopwatch, ar_attention: str) -> BatchGenerations:
+def collect(seqs: list, starts: list, clock: Stopwatch, ar_attention: str, thread_rule) -> BatchGenerations:
     """One `Generation` per sequence, in order, and the batch's totals."""
     out = BatchGenerations()
     out.decode_s, out.batch_size = clock.seconds, len(seqs)
@@ -251,20 +262,24 @@ def collect(seqs: list, starts: list, clock: Stopwatch, ar_attention: str) -> Ba
     for s, start in zip(seqs, starts):
         out.append(Generation(tokens=s.tokens, prefill_s=s.prefill_s, decode_s=s.finished_at, rounds=s.rounds,
                               prompt_tokens=s.state.prompt_len, method=start.method,
-                              options={**start.options, **s.drafter.resolved_options, "ar_attention": ar_attention}))
+                              options={**start.options, **s.drafter.resolved_options, "ar_attention": ar_attention,
+                                       **thread_rule.report()}))
     return out
 
 
 def batch_round(model, cache: BatchCache, active: list, proposer, controller, sampler: Sampler, windows,
-                ar_attention: str = DEFAULT_AR_ATTENTION) -> None:
+                ar_attention: str = DEFAULT_AR_ATTENTION, thread_rule=None) -> None:
     """One draft-verify-accept round for every active sequence (rows of `cache` in `active` order);
     `proposer` drafts for them (None: the method proposes nothing). A round of k = 0 is an AR step,
     the same code at the same cost as the `ar` method's: no observer records it, so it attends by
-    `ar_attention` (the policies keep the scores of the last verification that had drafts)."""
+    `ar_attention` (the policies keep the scores of the last verification that had drafts). The round
+    runs at the count `thread_rule` sets for rounds of its draft limit, and tells it what it cost."""
+    thread_rule = FixedThreads(None) if thread_rule is None else thread_rule
     for row, s in enumerate(active):
         s.row = row
     timers = RoundTimers(cache.lengths.device)
     limit = controller.start_round(limit=max(s.wanted() for s in active) - 1)   # 0: one plain AR step
+    count = thread_rule.before_round(limit)
     last = torch.stack([s.state.last.view(()) for s in active])                  # (B,)
     draft = propose(proposer, cache, active, last, controller, sampler, timers, limit)
     k = controller.submit_count(len(draft.tokens)) if draft.tokens else 0
@@ -273,7 +288,8 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
         logits = verify(model, cache, active, last, drafts, windows, ar_attention)          # (B, k+1, V)
         accepted, following = accept(drafts, draft.probs[:k], logits, sampler)            # (B,) each
         commit(cache, active, drafts, accepted, following)
-    learn(controller, active, draft, k, accepted, timers)
+    thread_rule.observe(limit, timers.seconds)
+    learn(controller, active, draft, k, accepted, timers, count)
 
 
 def propose(proposer, cache: BatchCache, active: list, last: torch.Tensor, controller, sampler: Sampler,
@@ -324,7 +340,8 @@ def commit(cache: BatchCache, active: list, drafts: torch.Tensor, accepted: list
     cache.set_lengths([s.state.length for s in active])
 
 
-def learn(controller, active: list, draft: BatchDraft, k: int, accepted: list, timers: RoundTimers) -> None:
+def learn(controller, active: list, draft: BatchDraft, k: int, accepted: list, timers: RoundTimers,
+          threads: int = 0) -> None:
     """After the round: the drafters and the controller learn what was accepted, and each sequence
     records its `Round` and its new tokens. Times are the batch's, shared by every sequence."""
     per_seq = [list(col)[:k] for col in zip(*draft.entropies)] if draft.entropies else [[] for _ in active]
@@ -337,7 +354,8 @@ def learn(controller, active: list, draft: BatchDraft, k: int, accepted: list, t
     for s, a, ents in zip(active, accepted, per_seq):
         st = s.state
         s.rounds.append(Round(drafted=k, accepted=a, emitted=a + 1, entropies=ents, draft_s=draft_s,
-                              verify_s=verify_s, select_s=select_s, draft_steps=draft.steps, **trace))
+                              verify_s=verify_s, select_s=select_s, draft_steps=draft.steps, threads=threads,
+                              **trace))
         s.tokens.extend(st.ids[st.length - a:st.length + 1].tolist())
 
 

@@ -24,6 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import torch
+
 from sparsespec import threads
 from sparsespec.api import generate
 from sparsespec.calibration import (DEFAULT_KS, MIN_AR_STEPS, CostProfile, cycle_tokens, full_batch_rounds,
@@ -195,7 +197,8 @@ class PlannedDecodes:
 
     def decoded(self, label: str, ar_attention: str | None = None):
         return generate(self.model, self.prompts, prefilled=self.start_of(label), stop_at_eos=False,
-                        ar_attention=ar_attention or self.calibration.ar_attention)
+                        ar_attention=ar_attention or self.calibration.ar_attention,
+                        threads=torch.get_num_threads())     # measured at the count it is run at
 
     def profile(self, label: str) -> CostProfile:
         return measure_cost_profile(self.model, self.prompts, prefilled=self.start_of(label),
@@ -231,7 +234,7 @@ def choose_counts(jobs: dict[str, ProfileJob], probes: dict, decode_s: dict, cal
     for entries, by_count in decode_s.items():
         calibration.choose_for(entries, thread_choice.choose(by_count, "the probe's decode seconds", shared_by=entries))
     counts = sorted({job.threads for job in jobs.values() if job.threads is not None})
-    switch_s = thread_choice.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
+    switch_s = threads.switch_cost_s(tuple(counts)) if len(counts) > 1 and probes else None
     priors_of = {job.entries: job.priors for job in jobs.values()}
     for entries, by_count in probes.items():
         choice = thread_choice.choose({t: thread_choice.profile_work_s(p) for t, p in by_count.items()},

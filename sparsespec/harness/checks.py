@@ -77,7 +77,7 @@ def check_numbers(cfg: DictConfig) -> None:
     _positive_int("batch_size", cfg.get("batch_size", 1))
     if not accepts(int, cfg.seed):
         raise ConfigError(f"seed={cfg.seed!r} must be an integer")
-    for name in ("stop_at_eos", "compare_ar", "warmup", "cost_profile"):
+    for name in ("stop_at_eos", "compare_ar", "warmup", "cost_profile", "online_threads"):
         if not isinstance(cfg[name], bool):
             raise ConfigError(f"{name}={cfg[name]!r} must be true or false")
     if not accepts(float, cfg.prefill_memo_gb) or cfg.prefill_memo_gb < 0:

@@ -91,18 +91,23 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], con
     common = dict(temperature=config.temperature, top_p=config.top_p, seed=seed, stop_at_eos=config.stop_at_eos)
     gens = {}
     for label, (method, options) in decoders.items():
-        with threads.using(cost_priors.threads_for(label, method)):
-            if label not in engine:
+        count = cost_priors.threads_for(label, method)
+        if label not in engine:
+            with threads.using(count):
                 gens[label] = one_after_another([hf_reference.hf_generate(
                     model, p, method=method, max_new_tokens=max_new_tokens, **common, **options) for p in prompts])
-            elif one:
-                gens[label] = one_after_another([sparsespec.generate(
-                    model, prompts[0], prefilled=starts[0].pop(label), cost_prior=cost_priors.get(label),
-                    ar_attention=cost_priors.ar_attention, **common)])
-            else:
-                gens[label] = sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
-                                                  cost_prior=cost_priors.get(label),
-                                                  ar_attention=cost_priors.ar_attention, **common)
+            continue
+        # the probe's count: where the online rule starts, or the count for the whole generation
+        counts = (dict(threads="auto", thread_prior=count) if config.online_threads
+                  else dict(threads=count or torch.get_num_threads()))
+        if one:
+            gens[label] = one_after_another([sparsespec.generate(
+                model, prompts[0], prefilled=starts[0].pop(label), cost_prior=cost_priors.get(label),
+                ar_attention=cost_priors.ar_attention, **counts, **common)])
+        else:
+            gens[label] = sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
+                                              cost_prior=cost_priors.get(label),
+                                              ar_attention=cost_priors.ar_attention, **counts, **common)
     return gens
 
 

@@ -84,6 +84,7 @@ class RunConfig:
     batch_size: int
     warmup: bool
     cost_profile: bool
+    online_threads: bool        # engine rows re-choose their thread count online from the probe's (True) or keep it
     run_order: str
     prefill_memo_gb: float
     prefill_cache_dir: str | None   # prefills kept on disk for later processes (None: off)
@@ -109,7 +110,8 @@ def build_run_config(cfg: DictConfig, folder: Path) -> RunConfig:
         task=task_spec(cfg), ctx=cfg.ctx, num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, stop_at_eos=cfg.stop_at_eos,
         compare_ar=cfg.compare_ar, dtype=cfg.dtype, device=device_name(cfg.device), batch_size=batch_size(cfg),
-        warmup=cfg.warmup, cost_profile=cfg.cost_profile, run_order=cfg.run_order,
+        warmup=cfg.warmup, cost_profile=cfg.cost_profile, online_threads=cfg.online_threads,
+        run_order=cfg.run_order,
         prefill_memo_gb=cfg.prefill_memo_gb, prefill_cache_dir=cfg.prefill_cache_dir,
         prefill_cache_gb=cfg.prefill_cache_gb, logger=as_dict(cfg.logger), experiment_name=cfg.experiment_name,
         bench=is_bench(cfg), methods=tuple(methods), warnings=tuple(context_warnings(cfg)))

@@ -33,9 +33,6 @@ import torch
 
 from sparsespec.threads import thread_counts, using
 
-SWITCH_REPEATS = 200   # switches timed: a median over enough to ignore one scheduler slice
-
-
 @dataclass
 class ThreadChoice:
     """One method's measured cost at each thread count (seconds of the same work) and the count chosen."""
@@ -84,23 +81,3 @@ def mixed_plan(profiles: dict, switch_s: float) -> dict | None:
     best_single = min(profile_work_s(p) for p in profiles.values())
     return {"draft_threads": draft_t, "verify_threads": verify_t, "work_s": work, "switch_s": switch_s,
             "pays": work < best_single}
-
-
-def switch_cost_s(counts: tuple[int, ...] | None = None, repeats: int = SWITCH_REPEATS) -> float:
-    """Median seconds of one `torch.set_num_threads` switch and the first parallel op after it, less
-    the same op without a switch (a 2-row product, the smallest verification)."""
-    counts = counts or thread_counts()
-    x, w = torch.randn(2, 256), torch.randn(256, 256)
-
-    def median_op_s(switch: bool) -> float:
-        times = []
-        for i in range(repeats):
-            start = time.perf_counter()
-            if switch:
-                torch.set_num_threads(counts[i % len(counts)])
-            x @ w
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    with using(torch.get_num_threads()):
-        return max(median_op_s(True) - median_op_s(False), 0.0)

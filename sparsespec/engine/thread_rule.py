@@ -1,0 +1,158 @@
+"""How many intra-op threads the decode loop runs with, chosen online from the rounds it runs.
+
+Speculation is many small multi-row matmuls. With several OpenMP threads each one waits for every
+thread, so a core busy with another process stalls a round for a scheduler slice, while one thread
+waits for nobody; on a quiet machine the threads may pay. Which holds is not known in advance and
+changes while a generation runs, so the loop measures its own rounds at each of `thread_counts()`
+(1 and the process's default) and keeps the faster, as the plain fallback keeps AR or speculation.
+
+Rounds are compared only with rounds of the same key, the round's draft limit L (0: an AR step), so
+that a count is never judged on cheaper rounds than the other:
+
+    explore  each round runs at the count with fewer rounds of its key in this exploration (a tie:
+             the current count), until one key has `rounds` rounds at every count; then
+                 ratio = median(seconds | other count, key) / median(seconds | current count, key)
+             and the rule switches when ratio < margin (the other count faster by more than
+             1 - margin; a near-tie stays, so noise does not flip the count back and forth)
+    hold     every round at the chosen count. After `wait` rounds, or when the chosen count's recent
+             median for the key it was chosen on moves by more than `drift` (load came or went), it
+             explores again. An exploration that keeps the count doubles `wait` (up to `wait_max`);
+             one that switches resets it to `wait_first`.
+
+A prior count (the harness's thread probe, `thread_prior`) opens in `hold` at that count, so the
+probe is this rule's starting point rather than a second mechanism. A fixed count (`threads=N`) and
+a machine with one count run no rule (`FixedThreads`).
+
+Switching costs one `torch.set_num_threads` and the first parallel op after it; `switch_cost_s`
+(sparsespec/threads.py) measures it once per process, and `report()` records the switches and their
+measured cost with the generation.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import torch
+
+from sparsespec import threads
+from sparsespec.errors import ConfigError
+
+AUTO = "auto"
+
+
+class FixedThreads:
+    """One count for the whole generation (None: leave the process's count as it is)."""
+
+    def __init__(self, count: int | None):
+        self.count = count
+
+    def before_round(self, key: int) -> int:
+        if self.count is not None and torch.get_num_threads() != self.count:
+            torch.set_num_threads(self.count)
+        return torch.get_num_threads()
+
+    def observe(self, key: int, seconds: float) -> None:
+        pass
+
+    def report(self) -> dict:
+        return {"threads": self.count if self.count is not None else torch.get_num_threads()}
+
+
+class OnlineThreads:
+    """The online thread rule (module docstring)."""
+
+    def __init__(self, counts: tuple[int, ...], prior: int | None = None, rounds: int = 3,
+                 wait_first: int = 16, wait_max: int = 256, margin: float = 0.97, drift: float = 0.3):
+        self.counts = tuple(counts)
+        self.rounds, self.margin, self.drift = rounds, margin, drift    # 3: the least a median ignores one spike with
+        self.wait_first, self.wait_max = wait_first, wait_max          # 16 rounds: a re-probe costs < 10% of a hold
+        self.current = prior if prior in self.counts else max(self.counts)
+        self.exploring = prior not in self.counts                      # no prior: measure from the first round
+        self.wait, self.held = wait_first, 0
+        self.seen: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))  # count -> key -> s
+        self.chosen_on: tuple[int, float] | None = None                # (key, median seconds) at the last choice
+        self.recent: list[float] = []                                  # the current count's rounds of that key
+        self.running = self.current
+        self.switches = 0
+        self.reprobes = 0
+
+    # --- per round ------------------------------------------------------------------------------
+
+    def before_round(self, key: int) -> int:
+        """Set the count this round runs at; returns it."""
+        self.running = self.pick(key) if self.exploring else self.current
+        if torch.get_num_threads() != self.running:
+            torch.set_num_threads(self.running)
+            self.switches += 1
+        return self.running
+
+    def pick(self, key: int) -> int:
+        """Exploring: the count with the fewest rounds of `key` so far (a tie: the current count)."""
+        return min(self.counts, key=lambda t: (len(self.seen[t][key]), t != self.current))
+
+    def observe(self, key: int, seconds: float) -> None:
+        """The round of `key` just run at `self.running` took `seconds`."""
+        if self.exploring:
+            self.seen[self.running][key].append(seconds)
+            if all(len(self.seen[t][key]) >= self.rounds for t in self.counts):
+                self.decide(key)
+            elif sum(len(s) for by_key in self.seen.values() for s in by_key.values()) >= 8 * self.rounds:
+                self.hold(switched=False)                                   # keys kept changing: keep the count
+            return
+        self.held += 1
+        if self.chosen_on is not None and key == self.chosen_on[0]:
+            self.recent = (self.recent + [seconds])[-self.rounds:]
+        if self.held >= self.wait or self.moved():
+            self.explore()
+
+    # --- the decisions --------------------------------------------------------------------------
+
+    def decide(self, key: int) -> None:
+        """End of an exploration: the faster count on rounds of `key`."""
+        medians = {t: statistics.median(self.seen[t][key]) for t in self.counts}
+        best = min(self.counts, key=lambda t: medians[t])
+        switched = best != self.current and medians[best] < self.margin * medians[self.current]
+        if switched:
+            self.current = best
+        self.chosen_on = (key, medians[self.current])
+        self.hold(switched)
+
+    def hold(self, switched: bool) -> None:
+        self.exploring, self.held, self.recent = False, 0, []
+        self.wait = self.wait_first if switched else min(2 * self.wait, self.wait_max)
+
+    def moved(self) -> bool:
+        """The chosen count's recent rounds of its key cost more than `drift` away from the choice's."""
+        if self.chosen_on is None or len(self.recent) < self.rounds:
+            return False
+        now, then = statistics.median(self.recent), self.chosen_on[1]
+        return abs(now - then) > self.drift * then
+
+    def explore(self) -> None:
+        self.exploring, self.reprobes = True, self.reprobes + 1
+        self.seen.clear()
+
+    def report(self) -> dict:
+        """What the rule did, for `Generation.options`."""
+        return {"threads": AUTO, "threads_final": self.current, "thread_switches": self.switches,
+                "thread_reprobes": self.reprobes, "thread_switch_s": threads.switch_cost_s(self.counts)}
+
+
+def thread_rule(spec, prior: int | None = None):
+    """The rule for `generate(threads=spec, thread_prior=prior)`: "auto" -> `OnlineThreads` over 1 and
+    the caller's count now (a `FixedThreads` where that is 1: a caller who set one thread keeps it);
+    a positive int -> that count."""
+    if spec == AUTO:
+        check_count(prior, "thread_prior", allow_none=True)
+        counts = threads.thread_counts(torch.get_num_threads())
+        return OnlineThreads(counts, prior) if len(counts) > 1 else FixedThreads(None)
+    check_count(spec, "threads", allow_none=False)
+    return FixedThreads(spec)
+
+
+def check_count(value, name: str, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        accepted = f"'{AUTO}' or a positive int" if name == "threads" else "a positive int or None"
+        raise ConfigError(f"{name}={value!r}; accepted: {accepted}")

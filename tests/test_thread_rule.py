@@ -1,0 +1,209 @@
+"""The online thread rule (sparsespec/engine/thread_rule.py): its decisions on scripted round costs,
+`generate`'s `threads` argument, and generations through thread switches, lossless greedy and in
+distribution when sampling."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsespec
+from conftest import ARCHS, build_tiny, random_prompt
+from helpers import NEW as SAMPLED, TOLERANCE, enumerate_outputs, model_distribution, total_variation
+from sparsespec.api import decode, decode_prompts, sparsespec_attention
+from sparsespec.engine.sampling import Sampler
+from sparsespec.engine.thread_rule import FixedThreads, OnlineThreads, thread_rule
+from sparsespec.errors import ConfigError
+from sparsespec.method_options import build_method
+from sparsespec.threads import using
+
+COUNTS = (1, 2)
+
+
+def run_rule(rule, cost, keys) -> list[int]:
+    """Drive `rule` over rounds of `keys`; `cost(count, key, i)`: the seconds of round i at `count`.
+    Returns the count each round ran at."""
+    ran = []
+    with using(torch.get_num_threads()):
+        for i, key in enumerate(keys):
+            count = rule.before_round(key)
+            assert torch.get_num_threads() == count
+            ran.append(count)
+            rule.observe(key, cost(count, key, i))
+    return ran
+
+
+def test_the_faster_count_is_found_in_the_opening_rounds_and_held_with_ever_rarer_reprobes():
+    rule = OnlineThreads(COUNTS)
+    ran = run_rule(rule, lambda t, key, i: 1.0 if t == 1 else 2.0, [0] * 300)
+    assert sorted(ran[:6]) == [1, 1, 1, 2, 2, 2]                     # 3 rounds at each count, then the choice
+    assert ran[6:6 + rule.wait_first] == [1] * rule.wait_first       # held for the first wait
+    assert rule.current == 1 and rule.reprobes >= 3
+    assert ran[6:].count(2) <= 3 * rule.reprobes and ran[100:].count(2) <= 6   # waits double: 16, 32, 64, ...
+
+
+def test_a_near_tie_keeps_the_current_count():
+    rule = OnlineThreads(COUNTS)
+    ran = run_rule(rule, lambda t, key, i: 0.99 if t == 1 else 1.0, [0] * 60)   # 1% apart: inside the margin
+    assert rule.current == 2 and ran[6:22] == [2] * 16 and rule.wait > rule.wait_first
+
+
+def test_load_that_arrives_mid_generation_is_noticed_before_the_wait_ends():
+    quiet_until = 30          # inside the hold that follows the opening choice (of two threads)
+
+    def cost(t, key, i):      # quiet: two threads faster; loaded: two threads wait for a busy core
+        if i < quiet_until:
+            return 1.0 if t == 2 else 1.5
+        return 3.0 if t == 2 else 1.6
+    rule = OnlineThreads(COUNTS, wait_max=1000)
+    ran = run_rule(rule, cost, [0] * 120)
+    assert ran[quiet_until - 1] == 2
+    switched = next(i for i in range(quiet_until, len(ran)) if ran[i:i + 10] == [1] * 10)
+    assert switched - quiet_until <= 2 * rule.rounds + 3, ran         # drift re-probes, long before a doubled wait
+
+
+def test_rounds_are_compared_only_with_rounds_of_the_same_draft_limit():
+    """Rounds of limit 8 cost ten times rounds of limit 0; one thread is 20% faster at either. The
+    exploration pairs rounds by limit, so the mix of limits at each count cannot mislead it."""
+    keys = [0, 8, 8, 0, 8, 0, 0, 8, 8, 8, 0, 0, 8, 0] * 10
+    rule = OnlineThreads(COUNTS)
+    run_rule(rule, lambda t, key, i: (10.0 if key else 1.0) * (0.8 if t == 1 else 1.0), keys)
+    assert rule.current == 1
+
+
+def test_a_prior_opens_holding_its_count():
+    rule = OnlineThreads(COUNTS, prior=1)
+    ran = run_rule(rule, lambda t, key, i: 1.0, [0] * 16)
+    assert ran == [1] * 16 and rule.exploring               # the wait is over: the next round re-probes
+
+
+@pytest.mark.parametrize("spec, prior, problem", [("fast", None, "threads='fast'"), (0, None, "threads=0"),
+                                                  (True, None, "threads=True"), ("auto", 0, "thread_prior=0")])
+def test_generate_rejects_a_bad_thread_count_in_one_line(spec, prior, problem):
+    model = build_tiny("llama")
+    with pytest.raises(ConfigError) as err:
+        sparsespec.generate(model, random_prompt(20), method="ar", max_new_tokens=4, threads=spec,
+                            thread_prior=prior)
+    assert problem in str(err.value) and "accepted" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fixed_count_runs_every_round_at_it_and_the_callers_count_comes_back():
+    model = build_tiny("llama")
+    with using(2):
+        gen = sparsespec.generate(model, random_prompt(40), method="sparsespec", max_new_tokens=12, threads=1,
+                                  sink=2, recent=4, topk=2)
+        assert torch.get_num_threads() == 2
+    assert {r.threads for r in gen.rounds} == {1} and gen.options["threads"] == 1
+
+
+def test_auto_where_the_caller_runs_one_thread_runs_no_rule():
+    assert isinstance(thread_rule("auto"), OnlineThreads) == (torch.get_num_threads() > 1)
+    with using(1):
+        assert isinstance(thread_rule("auto"), FixedThreads)
+
+
+class EveryRound:
+    """A thread rule that switches count every round: the most switches a generation can see."""
+
+    def __init__(self):
+        self.turn = 0
+
+    def before_round(self, key: int) -> int:
+        self.turn += 1
+        torch.set_num_threads(COUNTS[self.turn % 2])
+        return torch.get_num_threads()
+
+    def observe(self, key: int, seconds: float) -> None:
+        pass
+
+    def report(self) -> dict:
+        return {"threads": "every round"}
+
+
+LOW_BUDGET = dict(sink=2, recent=4, topk=2)     # drafts often rejected
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("controller", ["entropy", "fixed"])
+def test_greedy_through_a_switch_every_round_is_token_identical_to_ar(arch, controller):
+    model = build_tiny(arch)
+    prompt = random_prompt(300, seed=3)
+    ar = sparsespec.generate(model, prompt, method="ar", max_new_tokens=40, stop_at_eos=False, threads=1)
+    with torch.inference_mode():
+        (gen,) = decode_prompts(model, [prompt], method="sparsespec", max_new_tokens=40,
+                                options=dict(LOW_BUDGET, controller=controller),
+                                sampler=Sampler(), stop_ids=set(), thread_rule=EveryRound())
+    assert gen.tokens == ar.tokens
+    assert {r.threads for r in gen.rounds} == set(COUNTS)
+    assert any(r.accepted < r.drafted for r in gen.rounds)          # rejections happened
+
+
+def test_a_batch_through_a_switch_every_round_is_token_identical_to_each_prompt_alone():
+    model = build_tiny("mistral")
+    prompts = [random_prompt(n, seed=s) for n, s in ((200, 1), (260, 2))]
+    alone = [sparsespec.generate(model, p, method="ar", max_new_tokens=24, stop_at_eos=False, threads=1).tokens
+             for p in prompts]
+    with torch.inference_mode():
+        gens = decode_prompts(model, prompts, method="sparsespec", max_new_tokens=24, options=dict(LOW_BUDGET),
+                              sampler=Sampler(), stop_ids=set(), thread_rule=EveryRound())
+    assert [g.tokens for g in gens] == alone
+
+
+SAMPLED_OPTIONS = dict(controller="entropy", candidates=(1, 2), prior_k=2, warmup_k=(2,), sink=1, recent=2,
+                       topk=2, draft_weights="full")
+
+
+@pytest.mark.slow   # exact enumeration, ~8 s an architecture
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampling_through_a_switch_every_round_and_the_warm_up_hand_over_emits_the_model_distribution(arch):
+    """No cost profile: an AR probe, a warm-up round, then the rule's rounds, each at another count;
+    the exact distribution of the first tokens is the model's."""
+    model = build_tiny(arch, vocab_size=3, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    prompt = random_prompt(16, seed=2, vocab=3)
+    choices = []
+
+    @torch.inference_mode()
+    def decode_once(sampler) -> tuple:
+        drafter, controller, _ = build_method(model, prompt.numel(), "sparsespec", SAMPLED, dict(SAMPLED_OPTIONS))
+        with sparsespec_attention(model):
+            gen = decode(model, prompt.view(-1), drafter, controller, sampler, SAMPLED, set(), thread_rule=EveryRound())
+        choices.append([r.choice for r in gen.rounds])
+        return tuple(gen.tokens)
+
+    dist = enumerate_outputs(decode_once)
+    with torch.inference_mode():
+        exact = model_distribution(model, prompt)
+    assert total_variation(dist, exact) < TOLERANCE
+    assert all(c[0] == "ar_probe" for c in choices)
+
+
+def test_the_harness_probe_is_where_the_online_rule_starts(monkeypatch):
+    """decode_batch hands each engine row its probe's count as `thread_prior` (online_threads=true),
+    or as a fixed count (false)."""
+    from sparsespec.harness import decoding
+    seen = []
+
+    class Called(Exception):
+        pass
+
+    def recording_generate(model, ids, **kwargs):
+        seen.append((kwargs.get("threads"), kwargs.get("thread_prior")))
+        raise Called
+
+    class Priors:
+        ar_attention = "packed_sdpa"
+
+        def threads_for(self, label, method):
+            return 1
+
+        def get(self, label):
+            return None
+
+    monkeypatch.setattr(decoding.sparsespec, "generate", recording_generate)
+    monkeypatch.setattr(decoding, "prefill", lambda *a, **k: {"sparsespec": object()})
+    monkeypatch.setattr(decoding, "measure_profiles", lambda *a, **k: None)
+    for online, expected in ((True, ("auto", 1)), (False, (1, None))):
+        config = type("Config", (), dict(batch_size=1, temperature=0.0, top_p=1.0, stop_at_eos=False,
+                                         online_threads=online))()
+        with pytest.raises(Called):
+            decoding.decode_batch(None, [[1, 2, 3]], {"sparsespec": ("sparsespec", {})}, config, 0, 4, Priors())
+        assert seen[-1] == expected
