@@ -13,7 +13,7 @@ shared prefill a prompt, each at its own measured thread count) into `<out>/<cas
 
 With `--library`, each load also gets a `library` case per length of `--library-tokens` (default
 64 and 256): the same prompts decoded by `sparsespec.generate(model, ids, method=...)` as a library
-user calls it (defaults, no cost profile, no thread choice, each call its own prefill), AR and the
+user calls it (defaults: no cost profile, threads chosen online; each call its own prefill), AR and the
 method alternating which goes first, into `<out>/library_<case>_<tokens>/case.json`.
 
 A load is bounded in time: it stops by itself after --load-s seconds or once the benchmark's process
@@ -211,6 +211,7 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
             order = ("ar", method) if i % 2 == 0 else (method, "ar")
             gens = {m: sparsespec.generate(model, ids, method=m, max_new_tokens=tokens, stop_at_eos=False) for m in order}
             samples.append({"prompt_id": str(prompt.id), "order": list(order),
+                            "threads": {m: [r.threads for r in g.rounds] for m, g in gens.items()},
                             **{f"{m}_tokens_per_s": g.tokens_per_s for m, g in gens.items()},
                             "match": gens[method].tokens == gens["ar"].tokens,
                             "rounds": [{"drafted": r.drafted} for r in gens[method].rounds]})
@@ -223,8 +224,14 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
             "tokens_per_s": geometric_ci(s[f"{method}_tokens_per_s"] for s in samples).mean,
             "speedup_vs_ar": speedup.mean, "speedup_ci95": [speedup.low, speedup.high],
             "outputs_match_ar": sum(s["match"] for s in samples) / len(samples), "k0_share": k0_share(samples),
-            "ar_threads": torch.get_num_threads(), "threads": torch.get_num_threads(), "bench": None,
+            "ar_threads": most_rounds_at(samples, "ar"), "threads": most_rounds_at(samples, method), "bench": None,
             "cpu": env.get("cpu"), "cpu_flags": env.get("cpu_flags"), "blas": env.get("blas"), "n_prompts": len(samples)}
+
+
+def most_rounds_at(samples: list[dict], method: str) -> int:
+    """The thread count most of `method`'s rounds ran at, over the case's samples (the online rule's choice)."""
+    counts = [t for s in samples for t in s["threads"][method]]
+    return max(set(counts), key=counts.count)
 
 
 def threads_of(summary: dict) -> int | None:
