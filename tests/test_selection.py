@@ -8,7 +8,9 @@ from conftest import build_tiny, random_prompt
 from sparsespec.engine.attention import attention_received
 from sparsespec.engine.batch_cache import BatchCache, BatchVerifyHook
 from sparsespec.api import sparsespec_attention
-from sparsespec.engine.selection import Budget, gather_positions, select_topk_positions, sliding_window_of, window_start
+from sparsespec.engine.selection import (Budget, gather_positions, select_topk_batch, select_topk_positions, sliding_window_of,
+                                         window_start)
+from sparsespec.methods.sparse_kv import layers_by_window_start
 
 
 def test_sinks_recent_topk_are_disjoint_and_in_range():
@@ -46,6 +48,29 @@ def test_sliding_window_positions_stay_inside_the_window():
     assert pos.shape[-1] == 32                                       # the sinks' share went to recent
     dense = select_topk_positions(torch.rand(2, 400), length, Budget(40, 40, 40), start)
     assert torch.equal(dense, torch.arange(start, length).expand(2, length - start))
+
+
+def test_layers_selected_together_pick_what_each_layer_picks_alone():
+    """One top-k over (layers, Hkv, C) picks per layer and head the set a top-k of that layer picks,
+    for a batch of one, for a batch of different lengths and budgets (padded), and for a dense row."""
+    torch.manual_seed(0)
+    cases = [([300], [Budget(4, 8, 20)]),
+             ([300, 240, 40], [Budget(4, 8, 20), Budget(2, 4, 10), Budget(4, 8, 20)])]   # the last is dense
+    for lengths, budgets in cases:
+        scores = [torch.rand(5, 2, 320) for _ in lengths]                     # 5 layers, 2 KV heads
+        together = select_topk_batch(scores, lengths, budgets, [0] * len(lengths))       # (B, 5, 2, M)
+        for layer in range(5):
+            alone = select_topk_batch([s[layer] for s in scores], lengths, budgets, [0] * len(lengths))
+            assert together.shape[-1] == alone.shape[-1]
+            for b in range(len(lengths)):
+                for head in range(2):
+                    assert sorted(together[b, layer, head].tolist()) == sorted(alone[b, head].tolist())
+
+
+def test_layers_are_grouped_by_where_their_window_starts():
+    assert layers_by_window_start([None] * 4, [300, 200]) == {(0, 0): [0, 1, 2, 3]}
+    assert layers_by_window_start([None, None, 64, 64], [300]) == {(0,): [0, 1], (237,): [2, 3]}
+    assert layers_by_window_start([64, 64], [30]) == {(0,): [0, 1]}          # the window holds all of it
 
 
 def test_sliding_window_per_layer_type():

@@ -144,7 +144,7 @@ class BatchDraftLayer(OwnedLayer):
     `positions` -1 where empty), then one slot per draft step. `positions` (B, Hkv, S) holds each
     slot's absolute position. The draft step's query position lives in the owner.
 
-    Two shapes, one layer: by default S = M + steps, reallocated each round, and `update` returns
+    Two shapes, one layer: by default S = M + steps, reallocated when M changes, and `update` returns
     the filled slots; with the owner's fixed `capacity`, S = capacity for every round, the buffers
     keep their addresses, the fill count is a device tensor and `update` returns the whole buffer,
     so a draft step has one shape end to end (what `torch.compile` and CUDA graphs capture)."""
@@ -154,7 +154,9 @@ class BatchDraftLayer(OwnedLayer):
         b, h, m, d = keys.shape
         capacity = self.owner.capacity
         if capacity is None:
-            self.allocate(keys, values, positions, m + self.owner.steps)
+            slots = m + self.owner.steps
+            if not self.is_initialized or self.keys.shape != (b, h, slots, d):   # else last round's buffers
+                self.allocate(keys, values, positions, slots)
             self.fill = m
         else:
             if m + self.owner.steps > capacity:

@@ -66,15 +66,16 @@ def dense_positions(hkv: int, length: int, window_start: int, device) -> torch.T
 
 
 def join_positions(sink: int, middle: torch.Tensor, hi: int, length: int) -> torch.Tensor:
-    """(Hkv, M): sinks [0, sink), the policy's picks `middle` (Hkv, K), recent [hi, length)."""
-    hkv, device = middle.shape[0], middle.device
+    """(..., M): sinks [0, sink), the policy's picks `middle` (..., K), recent [hi, length); the
+    leading dims (KV heads, and layers when selected together) are `middle`'s."""
+    lead, device = middle.shape[:-1], middle.device
     parts = []
     if sink:
-        parts.append(torch.arange(0, sink, device=device).expand(hkv, sink))
+        parts.append(torch.arange(0, sink, device=device).expand(*lead, sink))
     if middle.shape[-1]:
         parts.append(middle)
     if length > hi:
-        parts.append(torch.arange(hi, length, device=device).expand(hkv, length - hi))
+        parts.append(torch.arange(hi, length, device=device).expand(*lead, length - hi))
     return torch.cat(parts, dim=-1)
 
 
@@ -86,39 +87,45 @@ def select_topk_positions(scores: torch.Tensor, length: int, budget: Budget, win
 
 
 def select_topk_batch(scores: list, lengths: list[int], budgets: list[Budget], window_starts: list[int]) -> torch.Tensor:
-    """A batch's draft positions for one layer: (B, Hkv, max M_b), -1 where sequence b has fewer.
+    """A batch's draft positions: (B, ..., Hkv, max M_b), -1 where sequence b has fewer.
 
-    scores[b]: (Hkv, >= L_b) importance of sequence b's cached positions. The top-K shares come from
-    one top-k over a (B, Hkv, span) tensor: each row's candidates [lo_b, hi_b), -inf elsewhere."""
+    scores[b]: (..., Hkv, >= L_b) importance of sequence b's cached positions, for one layer (Hkv, C)
+    or for several layers that share the window starts at once (layers, Hkv, C): one top-k for all
+    of them is cheaper than one a layer. The top-K shares come from one top-k over a
+    (B, ..., Hkv, span) tensor: each row's candidates [lo_b, hi_b), -inf elsewhere."""
     regions = [draft_regions(n, budget, ws) for n, budget, ws in zip(lengths, budgets, window_starts)]
     shares = [budget.topk if region is not None else 0 for region, budget in zip(regions, budgets)]
     picks = top_k_picks(scores, regions, shares)
     rows = []
     for b, (s, n, region, share, ws) in enumerate(zip(scores, lengths, regions, shares, window_starts)):
         if region is None:
-            rows.append(dense_positions(s.shape[0], n, ws, s.device))
+            rows.append(dense_positions(1, n, ws, s.device).expand(*s.shape[:-1], n - ws))
             continue
         sink, _, hi = region
-        middle = picks[b, :, :share] if share else s.new_empty(s.shape[0], 0, dtype=torch.long)
+        middle = picks[b, ..., :share] if share else s.new_empty(*s.shape[:-1], 0, dtype=torch.long)
         rows.append(join_positions(sink, middle, hi, n))
     return pad_positions(rows)
 
 
 def top_k_picks(scores: list, regions: list, shares: list[int]) -> torch.Tensor | None:
-    """(B, Hkv, max K_b) positions of the K_b highest scores in each row's [lo_b, hi_b), or None
+    """(B, ..., Hkv, max K_b) positions of the K_b highest scores in each row's [lo_b, hi_b), or None
     when no row has a top-K share. A row taking fewer than the most reads the first K_b of a sorted
-    top-k (the others' ranks do not matter: sorted only then)."""
+    top-k (the others' ranks do not matter: sorted only then). A batch of one ranks its own scores
+    in place (no copy)."""
     most = max(shares)
     if not most:
         return None
+    if len(scores) == 1:
+        _, lo, hi = regions[0]
+        return (scores[0][..., lo:hi].topk(most, dim=-1, sorted=False).indices + lo).unsqueeze(0)
     first = min(r[1] for r, k in zip(regions, shares) if k)
     last = max(r[2] for r, k in zip(regions, shares) if k)
     ref = next(s for s, k in zip(scores, shares) if k)
-    ranked = ref.new_full((len(scores), ref.shape[0], last - first), float("-inf"))          # (B, Hkv, span)
+    ranked = ref.new_full((len(scores), *ref.shape[:-1], last - first), float("-inf"))     # (B, ..., Hkv, span)
     for b, (region, share) in enumerate(zip(regions, shares)):
         if share:
             _, lo, hi = region
-            ranked[b, :, lo - first:hi - first] = scores[b][:, lo:hi]
+            ranked[b, ..., lo - first:hi - first] = scores[b][..., lo:hi]
     sort = any(0 < k < most for k in shares)
     return ranked.topk(most, dim=-1, sorted=sort).indices + first
 
@@ -138,11 +145,13 @@ def gather_positions(keys: torch.Tensor, values: torch.Tensor, positions: torch.
 
 
 def pad_positions(per_seq: list[torch.Tensor]) -> torch.Tensor:
-    """Per-sequence (Hkv, M_b) positions -> (B, Hkv, max M_b), -1 where a sequence has fewer."""
+    """Per-sequence (..., M_b) positions -> (B, ..., max M_b), -1 where a sequence has fewer."""
+    if len(per_seq) == 1:
+        return per_seq[0].unsqueeze(0)
     m = max(p.shape[-1] for p in per_seq)
-    out = per_seq[0].new_full((len(per_seq), per_seq[0].shape[0], m), -1)
+    out = per_seq[0].new_full((len(per_seq), *per_seq[0].shape[:-1], m), -1)
     for b, p in enumerate(per_seq):
-        out[b, :, :p.shape[-1]] = p
+        out[b, ..., :p.shape[-1]] = p
     return out
 
 

@@ -106,16 +106,19 @@ class GatheredProposer(BatchModelProposer):
         self.hook = BatchDraftHook(self.cache, windows)
 
     def prepare(self, target: BatchCache, seqs: list) -> None:
-        """Per layer: the batch's positions (B, Hkv, M), one top-k over every sequence's scores,
-        gathered into the draft cache."""
+        """The batch's positions (B, layers, Hkv, M) by one top-k over every sequence's scores for all
+        the layers that share window starts (every layer, without sliding windows), then gathered per
+        layer into the draft cache."""
         lengths = target.length_list
         policies = [s.drafter.policy for s in seqs]
         budgets = [p.budget for p in policies]
-        for i, (full, draft) in enumerate(zip(target.layers, self.cache.layers)):
-            starts = [window_start(self.windows[i], n) for n in lengths]
-            positions = select_topk_batch([p.draft_scores(i) for p in policies], lengths, budgets, starts)
-            keys, values = gather_positions(full.keys, full.values, positions)        # (B, Hkv, M, D)
-            draft.load(keys.to(self.dtype), values.to(self.dtype), positions)
+        for starts, layers in layers_by_window_start(self.windows, lengths).items():
+            scores = [torch.stack([p.draft_scores(i) for i in layers]) for p in policies]   # (layers, Hkv, C)
+            positions = select_topk_batch(scores, lengths, budgets, list(starts))       # (B, layers, Hkv, M)
+            for j, i in enumerate(layers):
+                full, draft = target.layers[i], self.cache.layers[i]
+                keys, values = gather_positions(full.keys, full.values, positions[:, j])   # (B, Hkv, M, D)
+                draft.load(keys.to(self.dtype), values.to(self.dtype), positions[:, j])
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B,) at absolute positions (B,) -> (B, V) next-token logits."""
@@ -123,6 +126,15 @@ class GatheredProposer(BatchModelProposer):
         out = self.model(input_ids=tokens.view(-1, 1), position_ids=positions.view(-1, 1),
                          past_key_values=self.cache, use_cache=True, attn_hook=self.hook, logits_to_keep=1)
         return out.logits[:, -1]
+
+
+def layers_by_window_start(windows: list, lengths: list[int]) -> dict[tuple, list[int]]:
+    """Layer indices grouped by where each sequence's visible window starts in them
+    (per-sequence starts -> layers): one group without sliding windows."""
+    groups: dict[tuple, list[int]] = {}
+    for i, window in enumerate(windows):
+        groups.setdefault(tuple(window_start(window, n) for n in lengths), []).append(i)
+    return groups
 
 
 class QueryAwareKVDrafter(SparseKVDrafter):
