@@ -80,6 +80,24 @@ def test_rising_acceptance_brings_speculation_back_at_the_same_cost():
     assert [step(rule, 8, 0.5) for _ in range(3)] == [PROBE, PROBE, SPECULATE]
 
 
+def test_after_a_warm_up_lost_in_one_round_only_probes_that_win_bring_speculation_back():
+    """The warm-up's first round lost (the window holds one speculative round, not a full one): a
+    probe as slow as it keeps plain decoding; good probes bring speculation back once S >= A."""
+    rule = PlainFallback(window=5, probe_every=2, probe_max=4)
+    step(rule, 0, 0)                                   # A = 10 tokens/s
+    rule.observe("", 2, 2.0, 0.5)                      # the warm-up round: 2 tokens in 0.5 s, 4/s
+    rule.fall_back()
+    assert [step(rule, 2, 0.5) for _ in range(3)] == [FALLBACK, FALLBACK, PROBE]
+    assert rule.falling_back and rule.wait == 4        # one slow probe: back to waiting, longer
+    rule = PlainFallback(window=5, probe_every=2, probe_max=4)
+    step(rule, 0, 0)
+    rule.observe("", 2, 2.0, 0.5)
+    rule.fall_back()
+    # good probes, 3 tokens in 0.2 s (15/s): tokens [2 3], seconds [.5 .2]: S = 2.5 / 0.35 = 7.1 < 10,
+    # probe again; [2 3 3], [.5 .2 .2]: S = 2.67 / 0.2 = 13.3 >= 10: speculate
+    assert [step(rule, 3, 0.2) for _ in range(5)] == [FALLBACK, FALLBACK, PROBE, PROBE, SPECULATE]
+
+
 def scripted_round(ctl: EntropyController, entropies, accepted, draft_step_s, verify_s, ar_s):
     """One round of the loop against `ctl`: (start_round's limit, submitted, trace)."""
     limit = ctl.start_round(limit=16)

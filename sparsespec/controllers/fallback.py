@@ -24,7 +24,9 @@ The choice, each round:
     the last probe                                 -> "fallback" (k = 0)
     otherwise                                      -> "probe": one speculative round (the caller
                                                       bounds its k); after it
-        speculation no longer loses        -> speculate again; wait <- probe_every
+        S >= margin * A on the speculative rounds measured so far, the window full or not (a
+        warm-up lost in one round is not outvoted by a window too short to judge)
+                                           -> speculate again; wait <- probe_every
         the probe's own (a + 1) / s >= margin * A -> probe again next round (good probes refill
                                            the window, so S catches up within ceil(W/2) rounds)
         else                               -> wait <- min(2 wait, probe_max); count AR rounds afresh
@@ -78,6 +80,11 @@ class PlainFallback:
     def speculation_loses(self) -> bool:
         return len(self.spec_seconds) >= self.needed and self.speculation_rate() < self.threshold()
 
+    def speculation_wins(self) -> bool:
+        """S >= margin * A on the speculative rounds measured so far, the window full or not: what a
+        return from plain decoding needs (a window not yet full is no evidence that speculation pays)."""
+        return bool(self.spec_seconds) and self.speculation_rate() >= self.threshold()
+
     def choose(self) -> str:
         """This round's choice (module docstring)."""
         if not self.ar_seconds:
@@ -108,7 +115,7 @@ class PlainFallback:
         self.falling_back, self.idle, self.probe_again = True, 0, False
 
     def after_probe(self, probe_rate: float) -> None:
-        if not self.speculation_loses():
+        if self.speculation_wins():
             self.falling_back, self.wait, self.probe_again = False, self.probe_every, False
         elif probe_rate >= self.threshold():
             self.probe_again = True
