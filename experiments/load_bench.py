@@ -214,7 +214,10 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
                             "threads": {m: [r.threads for r in g.rounds] for m, g in gens.items()},
                             **{f"{m}_tokens_per_s": g.tokens_per_s for m, g in gens.items()},
                             "match": gens[method].tokens == gens["ar"].tokens,
-                            "rounds": [{"drafted": r.drafted} for r in gens[method].rounds]})
+                            # each round's choice and seconds, and AR's steps beside them: where a case lost
+                            "rounds": [{"drafted": r.drafted, "accepted": r.accepted, "choice": r.choice,
+                                        "s": round(r.seconds, 5)} for r in gens[method].rounds],
+                            "ar_round_s": [round(r.seconds, 5) for r in gens["ar"].rounds]})
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     speedup = geometric_ci(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples)
     env = collect(device="cpu", dtype=config.dtype)

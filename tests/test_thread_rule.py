@@ -61,6 +61,31 @@ def test_load_that_arrives_mid_generation_is_noticed_before_the_wait_ends():
     assert switched - quiet_until <= 2 * rule.rounds + 3, ran         # drift re-probes, long before a doubled wait
 
 
+def test_one_threads_noisy_rounds_on_a_loaded_core_do_not_reprobe_before_the_wait_ends():
+    """Beside a busy core one thread's rounds alternate between fast and slow slices (0.07 / 0.15 s)
+    and two threads wait for the busy core (0.25 s): a median of 3 moves by half every few rounds,
+    but the choice is never in doubt, so only the doubling wait re-probes."""
+    rule = OnlineThreads(COUNTS)
+    ran = run_rule(rule, lambda t, key, i: 0.25 if t == 2 else (0.15 if i % 2 == 0 else 0.07), [0] * 70)
+    assert rule.current == 1
+    assert ran[6:6 + rule.wait_first] == [1] * rule.wait_first
+    assert rule.reprobes == 2                       # after the waits of 16 and 32 rounds, no sooner
+
+
+def test_load_that_leaves_mid_generation_is_noticed_before_the_wait_ends():
+    loaded_until = 40         # inside the second hold, after its first 7 rounds have set its baseline
+
+    def cost(t, key, i):      # loaded: one thread faster; quiet: both faster, two threads the more
+        if i < loaded_until:
+            return 1.5 if t == 1 else 3.0
+        return 0.9 if t == 1 else 0.6
+    rule = OnlineThreads(COUNTS, wait_max=1000)
+    ran = run_rule(rule, cost, [0] * 120)
+    assert ran[loaded_until - 1] == 1
+    switched = next(i for i in range(loaded_until, len(ran)) if ran[i:i + 10] == [2] * 10)
+    assert switched - loaded_until <= 4 * rule.rounds, ran      # 7 rounds to see it, 3 + 3 to re-measure
+
+
 def test_rounds_are_compared_only_with_rounds_of_the_same_draft_limit():
     """Rounds of limit 8 cost ten times rounds of limit 0; one thread is 20% faster at either. The
     exploration pairs rounds by limit, so the mix of limits at each count cannot mislead it."""

@@ -14,10 +14,19 @@ that a count is never judged on cheaper rounds than the other:
                  ratio = median(seconds | other count, key) / median(seconds | current count, key)
              and the rule switches when ratio < margin (the other count faster by more than
              1 - margin; a near-tie stays, so noise does not flip the count back and forth)
-    hold     every round at the chosen count. After `wait` rounds, or when the chosen count's recent
-             median for the key it was chosen on moves by more than `drift` (load came or went), it
-             explores again. An exploration that keeps the count doubles `wait` (up to `wait_max`);
-             one that switches resets it to `wait_first`.
+    hold     every round at the chosen count. It explores again after `wait` rounds, or sooner when
+             the choice is in doubt, judged on the chosen count's recent rounds of the key it was
+             chosen on:
+                 load came   the last `rounds` of them cost more than the other count did at the
+                             choice, by more than the margin (their median: the other may now win);
+                 load left   the last 2 `rounds` + 1 of them cost `drift` less than the first
+                             2 `rounds` + 1 after the choice (means: the other may win again).
+             Not a median merely moving: on a loaded core one thread's rounds alternate between
+             ~0.07 and ~0.15 s, a median of 3 (or of 3 at the choice) moves 30% every few rounds,
+             and each needless exploration runs 3 rounds at a count 3x slower. (A change inside
+             the first window after a choice sets the baseline itself: the wait finds it.)
+             An exploration that keeps the count doubles `wait` (up to `wait_max`); one that
+             switches resets it to `wait_first`.
 
 A prior count (the harness's thread probe, `thread_prior`) opens in `hold` at that count, so the
 probe is this rule's starting point rather than a second mechanism. A fixed count (`threads=N`) and
@@ -70,8 +79,9 @@ class OnlineThreads:
         self.exploring = prior not in self.counts                      # no prior: measure from the first round
         self.wait, self.held = wait_first, 0
         self.seen: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))  # count -> key -> s
-        self.chosen_on: tuple[int, float] | None = None                # (key, median seconds) at the last choice
+        self.chosen_on: tuple[int, float, float] | None = None         # (key, median s, the other's) at the choice
         self.recent: list[float] = []                                  # the current count's rounds of that key
+        self.settled: float | None = None                              # their mean over the first window held
         self.running = self.current
         self.switches = 0
         self.reprobes = 0
@@ -101,7 +111,9 @@ class OnlineThreads:
             return
         self.held += 1
         if self.chosen_on is not None and key == self.chosen_on[0]:
-            self.recent = (self.recent + [seconds])[-self.rounds:]
+            self.recent = (self.recent + [seconds])[-(2 * self.rounds + 1):]
+            if self.settled is None and len(self.recent) == 2 * self.rounds + 1:
+                self.settled = statistics.fmean(self.recent)
         if self.held >= self.wait or self.moved():
             self.explore()
 
@@ -114,19 +126,21 @@ class OnlineThreads:
         switched = best != self.current and medians[best] < self.margin * medians[self.current]
         if switched:
             self.current = best
-        self.chosen_on = (key, medians[self.current])
+        self.chosen_on = (key, medians[self.current], min(m for t, m in medians.items() if t != self.current))
         self.hold(switched)
 
     def hold(self, switched: bool) -> None:
-        self.exploring, self.held, self.recent = False, 0, []
+        self.exploring, self.held, self.recent, self.settled = False, 0, [], None
         self.wait = self.wait_first if switched else min(2 * self.wait, self.wait_max)
 
     def moved(self) -> bool:
-        """The chosen count's recent rounds of its key cost more than `drift` away from the choice's."""
+        """The choice is in doubt (module docstring): load came or load left."""
         if self.chosen_on is None or len(self.recent) < self.rounds:
             return False
-        now, then = statistics.median(self.recent), self.chosen_on[1]
-        return abs(now - then) > self.drift * then
+        other = self.chosen_on[2]
+        came = statistics.median(self.recent[-self.rounds:]) * self.margin > other
+        left = self.settled is not None and statistics.fmean(self.recent) < (1 - self.drift) * self.settled
+        return came or left
 
     def explore(self) -> None:
         self.exploring, self.reprobes = True, self.reprobes + 1
