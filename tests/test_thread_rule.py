@@ -86,6 +86,17 @@ def test_load_that_leaves_mid_generation_is_noticed_before_the_wait_ends():
     assert switched - loaded_until <= 4 * rule.rounds, ran      # 7 rounds to see it, 3 + 3 to re-measure
 
 
+def test_a_new_key_opens_at_one_thread_and_a_reprobe_explores_only_the_chosen_key():
+    """A loaded core: an AR step (key 0) costs 1 at one thread and 2 at two; a speculative round
+    (key 4) 3 and 30. The first round of a key runs at the fewer threads (a tie), and once key 0
+    has chosen, a re-probe explores key 0 alone: no key-4 round ever runs at two threads."""
+    keys = [0, 4] + [0] * 10 + [4, 0] * 20
+    rule = OnlineThreads(COUNTS)                                     # no prior: two threads to start
+    ran = run_rule(rule, lambda t, key, i: (3.0 if key else 1.0) * (10.0 if key and t == 2 else t), keys)
+    assert ran[1] == 1 and rule.current == 1 and rule.reprobes >= 1
+    assert all(count == 1 for count, key in zip(ran, keys) if key == 4)
+
+
 def test_rounds_are_compared_only_with_rounds_of_the_same_draft_limit():
     """Rounds of limit 8 cost ten times rounds of limit 0; one thread is 20% faster at either. The
     exploration pairs rounds by limit, so the mix of limits at each count cannot mislead it."""

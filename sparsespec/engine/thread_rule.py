@@ -10,7 +10,12 @@ Rounds are compared only with rounds of the same key, the round's draft limit L 
 that a count is never judged on cheaper rounds than the other:
 
     explore  each round runs at the count with fewer rounds of its key in this exploration (a tie:
-             the current count), until one key has `rounds` rounds at every count; then
+             the fewer threads, whose worst case is mild: on a loaded core one multi-row round at
+             two threads took 4.8 s against ~0.3 s at one), until one key has `rounds` rounds at
+             every count; a re-exploration explores only the key of the last choice (rounds of
+             other keys, e.g. a speculation probe, run at the current count and are not counted,
+             so a generation speculating on other keys holds its count until that key returns);
+             then
                  ratio = median(seconds | other count, key) / median(seconds | current count, key)
              and the rule switches when ratio < margin (the other count faster by more than
              1 - margin; a near-tie stays, so noise does not flip the count back and forth)
@@ -97,12 +102,17 @@ class OnlineThreads:
         return self.running
 
     def pick(self, key: int) -> int:
-        """Exploring: the count with the fewest rounds of `key` so far (a tie: the current count)."""
-        return min(self.counts, key=lambda t: (len(self.seen[t][key]), t != self.current))
+        """Exploring: the count with the fewest rounds of `key` so far (a tie: the fewer threads); a
+        re-exploration runs rounds of keys other than the last choice's at the current count."""
+        if self.chosen_on is not None and key != self.chosen_on[0]:
+            return self.current
+        return min(self.counts, key=lambda t: (len(self.seen[t][key]), t))
 
     def observe(self, key: int, seconds: float) -> None:
         """The round of `key` just run at `self.running` took `seconds`."""
         if self.exploring:
+            if self.chosen_on is not None and key != self.chosen_on[0]:
+                return                         # a re-exploration measures the last choice's key only
             self.seen[self.running][key].append(seconds)
             if all(len(self.seen[t][key]) >= self.rounds for t in self.counts):
                 self.decide(key)
