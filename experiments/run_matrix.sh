@@ -33,7 +33,9 @@ declare -A CHUNK=(
   # 12 prompts where the claims are decided at 16K and 32K, with the methods the claims compare (about
   # 5 min a prompt at 16K and 10 at 32K on 2 cores, most of it the prefill)
   [qwen_16k_12]="model=qwen2.5_coder_0.5b ctx=16k num_prompts=12 task=qa,code,retrieval bench.methods=$CLAIM_METHODS"
-  [qwen_32k_12]="model=qwen2.5_coder_0.5b ctx=32k num_prompts=12 task=qa,code,retrieval bench.methods=$CLAIM_METHODS"
+  # 32K adds the other self-speculative families (LayerSkip-style, assisted with a truncated draft), so that
+  # "beats LayerSkip and assisted beyond 20K" is measured in the same runs as the controller it compares
+  [qwen_32k_12]="model=qwen2.5_coder_0.5b ctx=32k num_prompts=12 task=qa,code,retrieval bench.methods=${CLAIM_METHODS%]},layerskip,assisted]"
 )
 ORDER=(smollm2_2k smollm2_4k smollm2_8k smollm2_8k_12 qwen_8k qwen_16k qwen_16k_12 qwen_32k qwen_32k_12)
 if [[ "${1:-}" == --list ]]; then
