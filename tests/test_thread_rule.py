@@ -47,18 +47,21 @@ def test_a_near_tie_keeps_the_current_count():
     assert rule.current == 2 and ran[6:22] == [2] * 16 and rule.wait > rule.wait_first
 
 
+def settle_after_change(change_at: int, before: dict, after: dict, to: int):
+    """Rounds of one key whose seconds per count are `before` until round `change_at`, then `after`:
+    (the counts run, how many rounds after the change 10 rounds in a row run at `to`, the rule)."""
+    rule = OnlineThreads(COUNTS, wait_max=1000)
+    ran = run_rule(rule, lambda t, key, i: (before if i < change_at else after)[t], [0] * 120)
+    switched = next(i for i in range(change_at, len(ran)) if ran[i:i + 10] == [to] * 10)
+    return ran, switched - change_at, rule
+
+
 def test_load_that_arrives_mid_generation_is_noticed_before_the_wait_ends():
     quiet_until = 30          # inside the hold that follows the opening choice (of two threads)
-
-    def cost(t, key, i):      # quiet: two threads faster; loaded: two threads wait for a busy core
-        if i < quiet_until:
-            return 1.0 if t == 2 else 1.5
-        return 3.0 if t == 2 else 1.6
-    rule = OnlineThreads(COUNTS, wait_max=1000)
-    ran = run_rule(rule, cost, [0] * 120)
+    # quiet: two threads faster; loaded: two threads wait for a busy core
+    ran, after, rule = settle_after_change(quiet_until, {2: 1.0, 1: 1.5}, {2: 3.0, 1: 1.6}, to=1)
     assert ran[quiet_until - 1] == 2
-    switched = next(i for i in range(quiet_until, len(ran)) if ran[i:i + 10] == [1] * 10)
-    assert switched - quiet_until <= 2 * rule.rounds + 3, ran         # drift re-probes, long before a doubled wait
+    assert after <= 2 * rule.rounds + 3, ran         # drift re-probes, long before a doubled wait
 
 
 def test_one_threads_noisy_rounds_on_a_loaded_core_do_not_reprobe_before_the_wait_ends():
@@ -74,16 +77,10 @@ def test_one_threads_noisy_rounds_on_a_loaded_core_do_not_reprobe_before_the_wai
 
 def test_load_that_leaves_mid_generation_is_noticed_before_the_wait_ends():
     loaded_until = 40         # inside the second hold, after its first 7 rounds have set its baseline
-
-    def cost(t, key, i):      # loaded: one thread faster; quiet: both faster, two threads the more
-        if i < loaded_until:
-            return 1.5 if t == 1 else 3.0
-        return 0.9 if t == 1 else 0.6
-    rule = OnlineThreads(COUNTS, wait_max=1000)
-    ran = run_rule(rule, cost, [0] * 120)
+    # loaded: one thread faster; quiet: both faster, two threads the more
+    ran, after, rule = settle_after_change(loaded_until, {1: 1.5, 2: 3.0}, {1: 0.9, 2: 0.6}, to=2)
     assert ran[loaded_until - 1] == 1
-    switched = next(i for i in range(loaded_until, len(ran)) if ran[i:i + 10] == [2] * 10)
-    assert switched - loaded_until <= 4 * rule.rounds, ran      # 7 rounds to see it, 3 + 3 to re-measure
+    assert after <= 4 * rule.rounds, ran            # 7 rounds to see it, 3 + 3 to re-measure
 
 
 def test_a_new_key_opens_at_one_thread_and_a_reprobe_explores_only_the_chosen_key():

@@ -79,6 +79,7 @@ class OnlineThreads:
                  wait_first: int = 16, wait_max: int = 256, margin: float = 0.97, drift: float = 0.3):
         self.counts = tuple(counts)
         self.rounds, self.margin, self.drift = rounds, margin, drift    # 3: the least a median ignores one spike with
+        self.window = 2 * rounds + 1                                   # rounds a "load left" mean spans
         self.wait_first, self.wait_max = wait_first, wait_max          # 16 rounds: a re-probe costs < 10% of a hold
         self.current = prior if prior in self.counts else max(self.counts)
         self.exploring = prior not in self.counts                      # no prior: measure from the first round
@@ -104,14 +105,18 @@ class OnlineThreads:
     def pick(self, key: int) -> int:
         """Exploring: the count with the fewest rounds of `key` so far (a tie: the fewer threads); a
         re-exploration runs rounds of keys other than the last choice's at the current count."""
-        if self.chosen_on is not None and key != self.chosen_on[0]:
+        if not self.on_chosen_key(key):
             return self.current
         return min(self.counts, key=lambda t: (len(self.seen[t][key]), t))
+
+    def on_chosen_key(self, key: int) -> bool:
+        """`key` is the one the last choice was made on, or no choice was made yet."""
+        return self.chosen_on is None or key == self.chosen_on[0]
 
     def observe(self, key: int, seconds: float) -> None:
         """The round of `key` just run at `self.running` took `seconds`."""
         if self.exploring:
-            if self.chosen_on is not None and key != self.chosen_on[0]:
+            if not self.on_chosen_key(key):
                 return                         # a re-exploration measures the last choice's key only
             self.seen[self.running][key].append(seconds)
             if all(len(self.seen[t][key]) >= self.rounds for t in self.counts):
@@ -120,9 +125,9 @@ class OnlineThreads:
                 self.hold(switched=False)                                   # keys kept changing: keep the count
             return
         self.held += 1
-        if self.chosen_on is not None and key == self.chosen_on[0]:
-            self.recent = (self.recent + [seconds])[-(2 * self.rounds + 1):]
-            if self.settled is None and len(self.recent) == 2 * self.rounds + 1:
+        if self.chosen_on is not None and self.on_chosen_key(key):
+            self.recent = (self.recent + [seconds])[-self.window:]
+            if self.settled is None and len(self.recent) == self.window:
                 self.settled = statistics.fmean(self.recent)
         if self.held >= self.wait or self.moved():
             self.explore()
