@@ -285,6 +285,75 @@ def test_one_slow_round_cannot_make_the_verify_line_predict_a_free_verification(
     assert fine.line() == pytest.approx((0.09, 0.01))
 
 
+@pytest.mark.parametrize("fit", ["line", "hull"])
+def test_a_point_unmeasured_for_its_age_leaves_the_fit_or_returns_to_its_profile_value(fit):
+    from sparsespec.controllers.cost_models import HullCostModel, LinearCostModel
+    model = (HullCostModel if fit == "hull" else LinearCostModel)(max_age=3)
+    model.seed(8, 0.30)                             # a cost profile's C_v(8)
+    model.tick()
+    model.add(2, 0.13)                              # measured in round 1 (a cold round at another count)
+    model.add(8, 0.50)                              # ... and k = 8 once, under a load since gone
+    for _ in range(3):                              # rounds 2-4: only k = 1 measured
+        model.tick()
+        model.add(1, 0.09)
+    assert model.points() == pytest.approx({1: 0.09, 2: 0.13, 8: 0.30 * 0.8 + 0.50 * 0.2})   # age 3: kept
+    model.tick()
+    model.add(1, 0.09)
+    assert model.points() == pytest.approx({1: 0.09, 8: 0.30})   # age 4: k = 2 leaves, k = 8 is the profile's
+    lone = (HullCostModel if fit == "hull" else LinearCostModel)(max_age=3)
+    lone.add(2, 0.13)
+    lone.add(1, 0.09)
+    for _ in range(5):
+        lone.tick()
+    assert lone.points() == {1: 0.09} and lone(1) == lone(6) == pytest.approx(0.09)   # none fresh: the last, flat
+    keep = (HullCostModel if fit == "hull" else LinearCostModel)(max_age=None)
+    keep.add(2, 0.13)
+    for _ in range(50):
+        keep.tick()
+    assert keep.points() == {2: 0.13}
+
+
+def test_a_first_measurement_is_replaced_by_the_second_and_a_stale_point_restarts():
+    """A k's first round runs cold: the second measurement replaces it; the EMA runs from there on,
+    and a point measured again after going stale starts over from the new measurement."""
+    from sparsespec.controllers.cost_models import LinearCostModel
+    model = LinearCostModel(ema=0.2, max_age=3)
+    model.add(2, 0.13)
+    model.add(2, 0.10)
+    assert model.by_k[2] == pytest.approx(0.10)
+    model.add(2, 0.20)
+    assert model.by_k[2] == pytest.approx(0.8 * 0.10 + 0.2 * 0.20)
+    for _ in range(4):
+        model.tick()
+    model.add(2, 0.30)
+    assert model.by_k[2] == pytest.approx(0.30)
+
+
+def test_a_slow_first_round_at_k_2_does_not_hold_the_rule_at_k_1_for_good():
+    """The library at 4K: the warm-up's k = 2 round, cold and at one thread, verified in 130 ms;
+    the k = 1 rounds after it, at two threads, in 91. The line through both (39 ms a token) made
+    every k > 1 look too dear, and the rule drafted k = 1 to the end of the generation, though its
+    drafts were all accepted. Once the k = 2 point is older than `verify_point_age` rounds, it
+    leaves the fit and the rule drafts further."""
+    ctl = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=16)
+    ctl.c_draft, ctl.c_select = 0.032, 0.007
+    ctl.c_verify.add(2, 0.130)
+    ks = []
+    for _ in range(30):
+        drafted, k = run_online(ctl, [0.3] * 16)
+        ks.append(k)
+        ctl.observe_batch([[0.3] * k], [k], k, 0.032, 0.091 + 0.010 * (k - 1), round_s=0.007 + 0.032 * k + 0.091)
+    assert ks[0] == 1                               # the stale slope holds k at 1 while the point is fresh
+    assert max(ks[17:]) > 1                         # then it is gone, and k grows
+    frozen = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=10 ** 6)
+    frozen.c_draft, frozen.c_select = 0.032, 0.007
+    frozen.c_verify.add(2, 0.130)
+    for _ in range(30):
+        drafted, k = run_online(frozen, [0.3] * 16)
+        assert k == 1                               # the old behaviour: k = 1 for good
+        frozen.observe_batch([[0.3] * k], [k], k, 0.032, 0.091, round_s=0.007 + 0.032 * k + 0.091)
+
+
 def test_the_hull_fit_is_exact_where_a_line_through_convex_costs_makes_small_k_too_cheap():
     """SmolLM2 8K, B = 8: verification costs rise faster than linearly in k, the line through
     k = 1..16 predicted C_v(1) well under its measured value, and the controller sat at k = 1."""

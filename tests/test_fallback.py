@@ -98,6 +98,22 @@ def test_after_a_warm_up_lost_in_one_round_only_probes_that_win_bring_speculatio
     assert [step(rule, 3, 0.2) for _ in range(5)] == [FALLBACK, FALLBACK, PROBE, PROBE, SPECULATE]
 
 
+def test_a_probe_within_the_margin_but_below_ar_is_not_followed_by_another():
+    """A break-even probe (0.96 A: within the 0.95 margin, yet slower than AR) paid nothing back:
+    plain decoding goes on and the wait doubles; a probe that beat AR is followed by another."""
+    def after_one_probe(tokens: float) -> PlainFallback:
+        rule = PlainFallback(window=5, probe_every=2, probe_max=8, margin=0.95)
+        step(rule, 0, 0)                               # A = 10 tokens/s
+        rule.observe("", 2, 1.0, 0.5)                  # a lost warm-up: 2/s
+        rule.fall_back()
+        assert [step(rule, tokens, 0.2) for _ in range(3)] == [FALLBACK, FALLBACK, PROBE]
+        return rule
+    even = after_one_probe(1.92)                       # 1.92 tokens in 0.2 s: 9.6/s = 0.96 A
+    assert not even.probe_again and even.wait == 4 and even.choose() == FALLBACK
+    beat = after_one_probe(2.2)                        # 11/s > A; S = 1.6 / 0.35 = 4.6 < 9.5: not yet
+    assert beat.probe_again and beat.falling_back and beat.choose() == PROBE
+
+
 def scripted_round(ctl: EntropyController, entropies, accepted, draft_step_s, verify_s, ar_s):
     """One round of the loop against `ctl`: (start_round's limit, submitted, trace)."""
     limit = ctl.start_round(limit=16)

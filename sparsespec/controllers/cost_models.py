@@ -9,7 +9,18 @@ round's whole seconds, as the fallback rule measures them; C_s = 0 gives the pap
 Once j >= k tokens are drafted, their j draft steps are paid whichever k is submitted:
     R_paid(k; j) = (1 + sum_{m<=k} pi_m) / (j * C_d + C_v(k) + C_s).
 
-C_v(k) from the measured seconds per k (each an EMA over the rounds that verified k drafts):
+C_v(k) from the measured seconds per k (each an EMA over the rounds that verified k drafts). A
+point not measured again within `max_age` rounds (of any kind) leaves the fit, or returns to its
+cost profile's value where one was seeded: it describes another state of the machine (another
+thread count, a load since gone, a generation's cold first round), and the k it stands for is not
+being chosen, so nothing would refresh it. Kept, one such point can freeze k: a first k = 2 round
+measured cold at one thread put a slope of 39 ms a token under later k = 1 rounds at two threads,
+so every larger k looked too dear to try. With no point fresh, the last measured k alone is the fit
+(a flat line): the rule drafts further, and the k it submits is measured. For the same reason a
+k's first measurement is replaced by its second, not averaged with it (the first round at a k runs
+cold, and the thread rule tries a new draft limit at one thread first), and a stale point's EMA
+restarts from its next measurement.
+
 - `LinearCostModel`: a least-squares line, C_v(k) = a + b k (the paper's cost model); its slope is
   never negative and its intercept never below 0 (then refitted through the origin), so no k is
   predicted free. One measured k gives a flat line.
@@ -58,18 +69,57 @@ def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
 
 @dataclass
 class LinearCostModel:
-    """C_v(k) = a + b k, from an EMA of measured seconds per k."""
+    """C_v(k) = a + b k, from an EMA of measured seconds per k (stale points aside: module docstring)."""
     ema: float = 0.2
-    by_k: dict = field(default_factory=dict)
+    max_age: int | None = 16                            # rounds a point counts without being measured again
+    by_k: dict = field(default_factory=dict)            # k -> EMA of measured seconds (from the prior, if seeded)
+    prior: dict = field(default_factory=dict)           # k -> a cost profile's seconds: they do not age
+    measured_at: dict = field(default_factory=dict)     # k -> the round it was last measured in
+    rounds: int = 0                                     # rounds seen (`tick`), AR rounds included
+    last: int | None = None                             # the k measured last
+    times: dict = field(default_factory=dict)           # k -> measurements so far
+
+    def seed(self, k: int, seconds: float) -> None:
+        """A cost profile's C_v(k): the EMA's start, and the fit's point for k whenever its
+        measurements are stale."""
+        self.prior[k] = self.by_k[k] = seconds
+
+    def tick(self) -> None:
+        """One round ran (with or without drafts): every point is a round older."""
+        self.rounds += 1
 
     def add(self, k: int, seconds: float) -> None:
-        old = self.by_k.get(k)
-        self.by_k[k] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        """One measured verification of k drafts. It restarts k's EMA (from the profile's value where
+        one was seeded) when k's point is stale, or was measured once only: a generation's first round
+        at a k runs cold (new shapes; on trial at another thread count), and is not averaged in."""
+        restart = self.stale(k) or self.times.get(k) == 1
+        start = self.prior.get(k) if restart else self.by_k.get(k, self.prior.get(k))
+        self.by_k[k] = seconds if start is None else (1 - self.ema) * start + self.ema * seconds
+        self.times[k] = self.times.get(k, 0) + 1
+        self.measured_at[k], self.last = self.rounds, k
+
+    def stale(self, k: int) -> bool:
+        """k was measured, but not within the last `max_age` rounds."""
+        at = self.measured_at.get(k)
+        return at is not None and self.max_age is not None and self.rounds - at > self.max_age
+
+    def points(self) -> dict:
+        """The (k, seconds) points the fit uses (module docstring)."""
+        fresh = {}
+        for k, v in self.by_k.items():
+            if not self.stale(k):
+                fresh[k] = v                            # a seeded point never measured, or a fresh one
+            elif k in self.prior:
+                fresh[k] = self.prior[k]
+        if not fresh and self.last is not None:
+            fresh[self.last] = self.by_k[self.last]
+        return fresh
 
     def line(self) -> tuple[float, float] | None:
-        if not self.by_k:
+        points = self.points()
+        if not points:
             return None
-        ks, vs = list(self.by_k), list(self.by_k.values())
+        ks, vs = list(points), list(points.values())
         if len(ks) == 1:
             return vs[0], 0.0
         mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
@@ -93,7 +143,7 @@ class HullCostModel(LinearCostModel):
     def hull(self) -> list[tuple[int, float]]:
         """The lower convex hull of the points, left to right (Andrew's monotone chain)."""
         out: list[tuple[int, float]] = []
-        for k, v in sorted(self.by_k.items()):
+        for k, v in sorted(self.points().items()):
             while len(out) >= 2 and (out[-1][0] - out[-2][0]) * (v - out[-2][1]) \
                     <= (out[-1][1] - out[-2][1]) * (k - out[-2][0]):      # out[-1] lies on or above the chord
                 out.pop()

@@ -52,7 +52,9 @@ one centre is still unseen (no rejection yet, or no acceptance yet), p_i is Lapl
 succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
 
 Costs. C_d is an EMA of measured draft-step seconds; C_v(k) is fitted (`verify_cost_fit`: a line,
-or the lower convex hull) through an EMA of measured verify seconds per submitted k. Times come
+or the lower convex hull) through an EMA of measured verify seconds per submitted k; a point unmeasured for
+`verify_point_age` rounds leaves the fit (or returns to its cost profile's value), so a k once
+timed in other conditions cannot keep k from growing (cost_models.py). Times come
 synchronised from the decode loop.
 
 Plain decoding (`fallback`, sparsespec/controllers/fallback.py). k = 0 is a candidate too: one AR
@@ -111,6 +113,9 @@ class EntropyController(Controller):
         verify_cost_fit: str = option("line", "line: least squares through every measured k (C_v affine in k, "
                                                 "the paper's cost model); hull: the measured points' lower convex hull",
                                       check=one_of("line", "hull"))
+        verify_point_age: int = option(16, "rounds a measured C_v(k) point stays in the fit unmeasured: ~3 EMA "
+                                           "memories; an older one describes another machine state "
+                                           "(threads, load) and can freeze k", check=at_least(1))
         lookahead: str = option("predict", "predict: stop before a draft step expected to lose; exact: the "
                                            "closed form's k, paying for one discarded step", check=one_of("predict", "exact"))
         fallback: bool = option(True, "k = 0 (one AR step) is a candidate, taken while speculation is predicted "
@@ -151,7 +156,8 @@ class EntropyController(Controller):
         self.c_draft: float | None = None
         self.c_select: float | None = None         # C_s: seconds of a round's KV selection (EMA; None: unmeasured, 0)
         self.keep_drafted = o.keep_drafted
-        self.c_verify = (HullCostModel if o.verify_cost_fit == "hull" else LinearCostModel)(ema=o.ema_cost)
+        self.c_verify = (HullCostModel if o.verify_cost_fit == "hull" else LinearCostModel)(
+            ema=o.ema_cost, max_age=o.verify_point_age)
         self.rounds_seen = 0
         self.warmup_seen = 0                       # warm-up rounds run (the ar_probe not counted)
         self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
@@ -170,7 +176,7 @@ class EntropyController(Controller):
         if profile.select_s is not None:
             self.c_select = profile.select_s
         for k, seconds in profile.verify_s.items():
-            self.c_verify.by_k[int(k)] = seconds
+            self.c_verify.seed(int(k), seconds)
         if self.plain is not None and profile.ar_step_s is not None:
             self.plain.seed_ar(profile.ar_step_s)
         self.warmup_rounds = 0
@@ -353,6 +359,7 @@ class EntropyController(Controller):
             self.mu_rej = h if self.mu_rej is None else (1 - self.ema_entropy) * self.mu_rej + self.ema_entropy * h
 
     def _learn_costs(self, submitted: int, draft_step_s: float | None, verify_s: float, round_s: float | None) -> None:
+        self.c_verify.tick()
         if draft_step_s is not None:
             self.c_draft = draft_step_s if self.c_draft is None else \
                 (1 - self.ema_cost) * self.c_draft + self.ema_cost * draft_step_s

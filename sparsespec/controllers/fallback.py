@@ -27,8 +27,11 @@ The choice, each round:
         S >= margin * A on the speculative rounds measured so far, the window full or not (a
         warm-up lost in one round is not outvoted by a window too short to judge)
                                            -> speculate again; wait <- probe_every
-        the probe's own (a + 1) / s >= margin * A -> probe again next round (good probes refill
-                                           the window, so S catches up within ceil(W/2) rounds)
+        the probe's own (a + 1) / s >= A   -> probe again next round (good probes refill the
+                                           window, so S catches up within ceil(W/2) rounds; a probe
+                                           that merely came within the margin of AR paid nothing
+                                           back, and probing on at break-even loses a little each
+                                           round where speculation cannot pay, e.g. a short prompt)
         else                               -> wait <- min(2 wait, probe_max); count AR rounds afresh
 So while speculation keeps losing, probes come ever more rarely (every probe_every, 2 probe_every,
 ..., probe_max AR rounds), and each costs at most one bounded speculative round.
@@ -117,7 +120,7 @@ class PlainFallback:
     def after_probe(self, probe_rate: float) -> None:
         if self.speculation_wins():
             self.falling_back, self.wait, self.probe_again = False, self.probe_every, False
-        elif probe_rate >= self.threshold():
+        elif probe_rate >= self.ar_rate():         # beat AR, not merely within the margin (docstring)
             self.probe_again = True
         else:
             self.probe_again, self.idle = False, 0
