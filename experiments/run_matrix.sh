@@ -46,7 +46,11 @@ mkdir -p "$RESULTS"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -n "${CHUNK[$name]:-}" ]] || { echo "unknown chunk '$name'; accepted: ${ORDER[*]}" >&2; exit 2; }
   start=$(date +%s)
+  status=0
   # shellcheck disable=SC2086
-  $PY run.py experiment=matrix_cpu ${CHUNK[$name]} ${ARGS:-} hydra.sweep.dir=$RESULTS/$name
+  $PY run.py experiment=matrix_cpu ${CHUNK[$name]} ${ARGS:-} hydra.sweep.dir=$RESULTS/$name || status=$?
+  # a sitting stopped by SIGTERM or Ctrl-C (run.py exits 143 / 130, its finished prompts kept) is logged too,
+  # so a chunk decoded over several sittings sums to its whole wall time
   printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" >> "$RESULTS/wall_times.tsv"
+  (( status == 0 )) || exit "$status"
 done

@@ -327,6 +327,28 @@ def test_a_first_measurement_is_replaced_by_the_second_and_a_stale_point_restart
         model.tick()
     model.add(2, 0.30)
     assert model.by_k[2] == pytest.approx(0.30)
+    model.add(2, 0.25)                              # started over: its second measurement replaces it
+    assert model.by_k[2] == pytest.approx(0.25)
+    seeded = LinearCostModel(ema=0.2, max_age=3)
+    seeded.seed(4, 0.50)
+    for _ in range(10):
+        seeded.tick()
+    assert seeded.points() == {4: 0.50}             # a profile point never measured does not age
+    seeded.add(4, 0.40)
+    assert seeded.by_k[4] == pytest.approx(0.8 * 0.50 + 0.2 * 0.40)
+    seeded.add(4, 0.30)                             # the second restarts from the profile's value
+    assert seeded.by_k[4] == pytest.approx(0.8 * 0.50 + 0.2 * 0.30)
+
+
+def test_a_cost_profile_seeds_the_verify_points_that_stale_measurements_return_to():
+    ctl = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=2)
+    ctl.use_cost_prior(CostProfile(draft_step_s=0.02, verify_s={1: 0.10, 8: 0.30}))
+    assert ctl.c_verify.prior == {1: 0.10, 8: 0.30}
+    ctl.observe_batch([[0.3] * 8], [8], 8, 0.02, 0.60)
+    assert ctl.c_verify.points()[8] == pytest.approx(0.8 * 0.30 + 0.2 * 0.60)
+    for _ in range(3):
+        ctl.observe_batch([[]], [0], 0, None, 0.05)  # AR rounds age every point
+    assert ctl.c_verify.points() == {1: 0.10, 8: 0.30}
 
 
 def test_a_slow_first_round_at_k_2_does_not_hold_the_rule_at_k_1_for_good():

@@ -10,7 +10,7 @@ Once j >= k tokens are drafted, their j draft steps are paid whichever k is subm
     R_paid(k; j) = (1 + sum_{m<=k} pi_m) / (j * C_d + C_v(k) + C_s).
 
 C_v(k) from the measured seconds per k (each an EMA over the rounds that verified k drafts). A
-point not measured again within `max_age` rounds (of any kind) leaves the fit, or returns to its
+point not measured again for more than `max_age` rounds (of any kind) leaves the fit, or returns to its
 cost profile's value where one was seeded: it describes another state of the machine (another
 thread count, a load since gone, a generation's cold first round), and the k it stands for is not
 being chosen, so nothing would refresh it. Kept, one such point can freeze k: a first k = 2 round
@@ -18,8 +18,11 @@ measured cold at one thread put a slope of 39 ms a token under later k = 1 round
 so every larger k looked too dear to try. With no point fresh, the last measured k alone is the fit
 (a flat line): the rule drafts further, and the k it submits is measured. For the same reason a
 k's first measurement is replaced by its second, not averaged with it (the first round at a k runs
-cold, and the thread rule tries a new draft limit at one thread first), and a stale point's EMA
-restarts from its next measurement.
+cold, and the thread rule tries a new draft limit at one thread first), and a stale point starts
+over: its next measurement stands alone, and is replaced by the one after.
+A seeded (profile) point never leaves the fit. The profile is measured at the thread count the
+harness's probe chose, which is the online thread rule's starting count; where the rule moves to
+another count, the profile's k that are never chosen keep their values (a known limit).
 
 - `LinearCostModel`: a least-squares line, C_v(k) = a + b k (the paper's cost model); its slope is
   never negative and its intercept never below 0 (then refitted through the origin), so no k is
@@ -71,7 +74,7 @@ def choose_k(probs: Sequence[float], candidates: Sequence[int], c_draft: float,
 class LinearCostModel:
     """C_v(k) = a + b k, from an EMA of measured seconds per k (stale points aside: module docstring)."""
     ema: float = 0.2
-    max_age: int | None = 16                            # rounds a point counts without being measured again
+    max_age: int | None = 16                            # rounds past its measurement a point still counts
     by_k: dict = field(default_factory=dict)            # k -> EMA of measured seconds (from the prior, if seeded)
     prior: dict = field(default_factory=dict)           # k -> a cost profile's seconds: they do not age
     measured_at: dict = field(default_factory=dict)     # k -> the round it was last measured in
@@ -90,16 +93,19 @@ class LinearCostModel:
 
     def add(self, k: int, seconds: float) -> None:
         """One measured verification of k drafts. It restarts k's EMA (from the profile's value where
-        one was seeded) when k's point is stale, or was measured once only: a generation's first round
-        at a k runs cold (new shapes; on trial at another thread count), and is not averaged in."""
-        restart = self.stale(k) or self.times.get(k) == 1
+        one was seeded) when k was measured once only, counting from its last start: a generation's
+        first round at a k runs cold (new shapes; on trial at another thread count), and is not
+        averaged in. A stale point starts over: this measurement stands alone."""
+        if self.stale(k):
+            self.times[k] = 0
+        restart = self.times.get(k) in (0, 1) and k in self.measured_at
         start = self.prior.get(k) if restart else self.by_k.get(k, self.prior.get(k))
         self.by_k[k] = seconds if start is None else (1 - self.ema) * start + self.ema * seconds
         self.times[k] = self.times.get(k, 0) + 1
         self.measured_at[k], self.last = self.rounds, k
 
     def stale(self, k: int) -> bool:
-        """k was measured, but not within the last `max_age` rounds."""
+        """k was measured, but more than `max_age` rounds ago."""
         at = self.measured_at.get(k)
         return at is not None and self.max_age is not None and self.rounds - at > self.max_age
 

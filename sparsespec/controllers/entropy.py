@@ -53,7 +53,7 @@ succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
 
 Costs. C_d is an EMA of measured draft-step seconds; C_v(k) is fitted (`verify_cost_fit`: a line,
 or the lower convex hull) through an EMA of measured verify seconds per submitted k; a point unmeasured for
-`verify_point_age` rounds leaves the fit (or returns to its cost profile's value), so a k once
+more than `verify_point_age` rounds leaves the fit (or returns to its cost profile's value), so a k once
 timed in other conditions cannot keep k from growing (cost_models.py). Times come
 synchronised from the decode loop.
 
@@ -110,10 +110,10 @@ class EntropyController(Controller):
                                        check=one_of("binned", "paper"))
         acceptance_prior: bool = option(True, "weigh p_i by the measured acceptance rate (false: the paper's "
                                               "equal-prior form, which under-drafts at high acceptance)")
-        verify_cost_fit: str = option("line", "line: least squares through every measured k (C_v affine in k, "
+        verify_cost_fit: str = option("line", "line: least squares through every recently measured k (C_v affine in k, "
                                                 "the paper's cost model); hull: the measured points' lower convex hull",
                                       check=one_of("line", "hull"))
-        verify_point_age: int = option(16, "rounds a measured C_v(k) point stays in the fit unmeasured: ~3 EMA "
+        verify_point_age: int = option(16, "rounds past its last measurement a C_v(k) point stays in the fit: ~3 EMA "
                                            "memories; an older one describes another machine state "
                                            "(threads, load) and can freeze k", check=at_least(1))
         lookahead: str = option("predict", "predict: stop before a draft step expected to lose; exact: the "
