@@ -48,8 +48,9 @@ METRIC_KEYS = ("n_prompts", "tokens_per_s", "ar_tokens_per_s", "ratio_mean", "sp
                "batch_speedup_vs_ar_ci95_low", "batch_speedup_vs_ar_ci95_high", "sequence_latency_s_mean",
                "batch_bound", "batch_bound_reached")
 
-# Where a run's code came from and how quiet its machine was (summary.json env.git, run.bench.noisy).
-PROVENANCE_COLUMNS = ("commit", "dirty", "code", "code_dirty", "noisy")
+# Where a run's code came from, how quiet its machine was and which attention path its AR denominator
+# used (summary.json env.git, run.bench.noisy, run.ar_variants.ar_attention).
+PROVENANCE_COLUMNS = ("commit", "dirty", "code", "code_dirty", "noisy", "ar_path")
 
 COLUMNS = (("run", "experiment", *RUN_COLUMNS, *OPTION_COLUMNS, "budget_frac", "hardware", "run_wall_s",
             "prefill_sharers", "job", *PROVENANCE_COLUMNS)
@@ -159,11 +160,14 @@ def hardware_label(env: dict, run: dict) -> str:
 
 def provenance(env: dict, run: dict) -> dict:
     """The run's commit, whether its tree was modified, its code fingerprint and whether its code was
-    modified (each None when not recorded: runs before the fingerprint lack the last two), and whether
-    its benchmark found the machine busy before or after it (None outside a benchmark)."""
+    modified (each None when not recorded: runs before the fingerprint lack the last two), whether
+    its benchmark found the machine busy before or after it (None outside a benchmark), and the
+    attention path of its AR denominator, the fastest the run measured (None for a run made before AR's
+    paths were measured: its AR attended through SDPA with enable_gqa)."""
     git = env.get("git") or {}
     return {**{k: git.get(k) for k in ("commit", "dirty", "code", "code_dirty")},
-            "noisy": (run.get("bench") or {}).get("noisy")}
+            "noisy": (run.get("bench") or {}).get("noisy"),
+            "ar_path": (run.get("ar_variants") or {}).get("ar_attention")}
 
 
 def budget_fraction(budget: Any, context_tokens: Any) -> float:

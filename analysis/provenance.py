@@ -99,10 +99,43 @@ def mixed_commits(df: pd.DataFrame, cell: list[str] = CELL) -> str | None:
             f"--allow-mixed-commits to pool them ({len(mixed)} cell(s) are mixed)")
 
 
+UNMEASURED_AR = "unmeasured (SDPA with enable_gqa)"
+
+
+def _cell_ar_paths(df: pd.DataFrame, cell: list[str]) -> pd.Series:
+    """Per cell, the set of attention paths its AR denominator used (UNMEASURED_AR for old runs)."""
+    path = df["ar_path"] if "ar_path" in df else pd.Series(None, index=df.index, dtype=object)
+    path = path.where(path.notna(), UNMEASURED_AR)
+    return path.groupby([df[c] for c in cell]).agg(lambda p: frozenset(p))
+
+
+def ar_paths(df: pd.DataFrame, cell: list[str] = CELL) -> pd.Series:
+    """Per cell, the attention path(s) its AR denominator used: the fastest its runs measured (`ar_path`;
+    two where a cell was decoded in sittings on two machines), or UNMEASURED_AR for runs made before AR's
+    paths were measured."""
+    return _cell_ar_paths(df, cell).map(lambda paths: ", ".join(sorted(paths)))
+
+
+def mixed_denominators(df: pd.DataFrame, cell: list[str] = CELL) -> str | None:
+    """One line naming a cell whose AR was not measured beside cells (or runs of its own) whose AR was, or
+    None: a speed-up over the old AR is inflated against one over the fastest, so they are not pooled."""
+    paths = _cell_ar_paths(df, cell)
+    old = paths[paths.map(lambda p: UNMEASURED_AR in p)]
+    measured = paths[paths.map(lambda p: bool(p - {UNMEASURED_AR}))]
+    if old.empty or measured.empty:
+        return None
+    key = old.index[0] if isinstance(old.index[0], tuple) else (old.index[0],)
+    return (f"the AR of {cell_name(dict(zip(cell, key)), cell)} attended by an unmeasured path (summary.json has no "
+            f"run.ar_variants: decoded before the fair denominator), beside runs in {len(measured)} cell(s) whose AR "
+            f"used the fastest measured path ({len(old)} cell(s) hold old runs); move the old cells to "
+            f"docs/runs/superseded, or pass --allow-mixed-commits to pool them")
+
+
 def add_mixed_commits_flag(parser: argparse.ArgumentParser) -> None:
     """`--allow-mixed-commits`, for every command that runs check_poolable."""
     parser.add_argument("--allow-mixed-commits", action="store_true",
-                        help="pool a cell's runs of different code (by fingerprint, else commit; refused by default)")
+                        help="pool a cell's runs of different code (by fingerprint, else commit), or cells whose AR "
+                             "denominators differ (measured path or not; both refused by default)")
 
 
 def nonpositive_speeds(df: pd.DataFrame) -> str | None:
@@ -119,10 +152,12 @@ def nonpositive_speeds(df: pd.DataFrame) -> str | None:
 
 def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False, cell: list[str] = CELL) -> None:
     """Raise PoolingError when `df` holds a prompt twice in a cell, a speed that is not positive, or
-    (unless allowed) a cell made from several versions of the code (see mixed_commits). `cell`: the
+    (unless allowed) a cell made from several versions of the code (see mixed_commits) or cells of both
+    AR denominators (see mixed_denominators). `cell`: the
     columns that make a cell (a draft-budget sweep's add k: analysis.frames.SELECTION_CELL)."""
     for problem in (duplicate_prompts(df, cell), nonpositive_speeds(df),
-                    None if allow_mixed_commits else mixed_commits(df, cell)):
+                    None if allow_mixed_commits else mixed_commits(df, cell),
+                    None if allow_mixed_commits else mixed_denominators(df, cell)):
         if problem:
             raise PoolingError(problem)
 
@@ -130,11 +165,13 @@ def check_poolable(df: pd.DataFrame, allow_mixed_commits: bool = False, cell: li
 def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: its commit(s) (8 characters; `(same code)` when several commits hold one code),
     whether any run came from modified code (code_dirty, or the whole tree's dirty flag for a run that
-    predates it) and whether any run found the machine busy ("?" where not recorded)."""
+    predates it), whether any run found the machine busy ("?" where not recorded) and the attention path
+    of its AR denominator (ar_paths)."""
     def flag(values: pd.Series) -> str:
         known = values.dropna()
         return "?" if known.empty else ("yes" if known.astype(bool).any() else "no")
     versions = code_versions(df)
+    paths = ar_paths(df)
     modified = df["code_dirty"].where(df["code_dirty"].notna(), df["dirty"]) if "code_dirty" in df else df["dirty"]
     records = []
     for key, rows in df.groupby(CELL, sort=True):
@@ -142,5 +179,6 @@ def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
         codes = set(versions[rows.index])
         same = len(commits) > 1 and len(codes) == 1 and codes.pop().startswith("code:")
         records.append({**dict(zip(CELL, key)), "commit": ", ".join(commits) + (" (same code)" if same else ""),
-                        "modified code": flag(modified[rows.index]), "noisy": flag(rows["noisy"])})
-    return pd.DataFrame(records, columns=[*CELL, "commit", "modified code", "noisy"])
+                        "modified code": flag(modified[rows.index]), "noisy": flag(rows["noisy"]),
+                        "AR path": paths[key]})
+    return pd.DataFrame(records, columns=[*CELL, "commit", "modified code", "noisy", "AR path"])

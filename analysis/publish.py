@@ -139,7 +139,9 @@ PROVENANCE_NOTE = ("The commit each cell's runs were made at (a cell's runs must
                    "the tracked code paths, or one commit for runs recorded without it, unless `--allow-mixed-commits`; "
                    "`(same code)` marks commits that differ only outside the code), whether any ran from modified code "
                    "(`modified code`; the whole tree for runs without a fingerprint), and whether the benchmark found "
-                   "the machine busy before or after it (`noisy`).")
+                   "the machine busy before or after it (`noisy`), and the attention path of its AR denominator "
+                   "(`AR path`: the fastest of the paths the run measured, or `unmeasured` for runs made before AR's "
+                   "paths were measured, whose AR was slower than it needed to be at long contexts).")
 PREFILL_NOTE = ("AR and every engine method decode each prompt from one prefill (transformers' generate() rows "
                 "prefill their own); a prefill saved is one each method but the first would otherwise have run. "
                 "Chunk wall time is the whole chunk (`wall_times.tsv`), prefill and decoding of every method.")

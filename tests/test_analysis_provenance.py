@@ -20,9 +20,10 @@ SPEED = {"ar": 1.0, "sparsespec": 1.5, "sparsespec_fixed": 1.3, "streaming": 1.1
 
 def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = False, noisy: bool = False,
               ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None,
-              options: dict | None = None, sample_codes: list | None = None) -> None:
+              options: dict | None = None, sample_codes: list | None = None, ar_path: str | None = None) -> None:
     """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads; without
-    `code` its git state is that of a run made before the code fingerprint was recorded."""
+    `code` its git state is that of a run made before the code fingerprint was recorded; without `ar_path`
+    its AR is that of a run made before AR's attention paths were measured."""
     options = options if options is not None else {"k": 4} if method == "sparsespec_fixed" else {}
     samples = []
     for p in range(prompts):
@@ -37,6 +38,9 @@ def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = F
                "env": {"cpu": "Synthetic CPU", "git": {"commit": commit, "dirty": dirty}}}
     if code is not None:
         summary["env"]["git"].update(code=code, code_dirty=code_dirty)
+    if ar_path is not None:
+        summary["run"]["ar_variants"] = {"ar_attention": ar_path, "threads": 2,
+                                         "ar_step_s": {ar_path: {"2": 0.1}, "sdpa": {"2": 0.12}}}
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -227,3 +231,37 @@ def test_a_speed_that_is_not_positive_is_one_line_not_a_traceback(tmp_path, caps
     assert "tokens_per_s is 0 for prompt 001" in capsys.readouterr().err
     assert figures_main([str(results), "--out", str(tmp_path / "fig"), "--no-progress"]) == 2
     assert not (results / "claims.md").exists() and not (tmp_path / "fig").exists()
+
+
+def test_cells_against_the_old_ar_are_refused_beside_cells_against_the_measured_one(tmp_path, capsys):
+    """A speed-up over the unmeasured AR (SDPA with enable_gqa) is inflated against one over the fastest
+    measured path: a folder holding both kinds of cell is refused, naming the old cell, unless asked."""
+    results = write_cell(tmp_path / "r", chunk="fair", codes=dict.fromkeys(SPEED, CODE_1), ar_path="packed_sdpa")
+    for method in SPEED:
+        write_run(results / "old" / "0_m_qa_ctx4000" / method, method, ctx=4000, code=CODE_1)
+    assert claims.main([str(results), "--no-figures"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "AR of m/qa/4000 attended by an unmeasured path" in error and "beside runs in 1 cell(s)" in error
+    assert figures_main([str(results), "--out", str(tmp_path / "fig"), "--no-progress"]) == 2
+    assert claims.main([str(results), "--no-figures", "--allow-mixed-commits"]) == 0
+    table = cell_provenance(load_results(results)).set_index("ctx")
+    assert table["AR path"].to_dict() == {4000: "unmeasured (SDPA with enable_gqa)", 8000: "packed_sdpa"}
+    assert "| packed_sdpa" in (results / "claims.md").read_text()
+
+
+def test_cells_all_against_one_kind_of_ar_pool(tmp_path):
+    """Only the mix is refused: every cell measured (two paths chosen on two machines) or every cell old."""
+    measured = write_cell(tmp_path / "measured", chunk="a", codes=dict.fromkeys(SPEED, CODE_1), ar_path="packed_sdpa")
+    for method in SPEED:
+        write_run(measured / "b" / "0_m_qa_ctx4000" / method, method, ctx=4000, code=CODE_1, ar_path="packed_matmul")
+    check_poolable(load_results(measured))
+    check_poolable(load_results(write_cell(tmp_path / "old")))
+
+
+def test_a_cell_of_both_kinds_of_ar_is_refused(tmp_path):
+    results = write_cell(tmp_path / "r", codes=dict.fromkeys(SPEED, CODE_1))
+    write_run(results / "more" / "0_m_qa_ctx8000" / "ar2", "ar", code=CODE_1, ar_path="packed_sdpa", prompts=1)
+    df = load_results(results)
+    with pytest.raises(PoolingError, match="m/qa/8000 attended by an unmeasured path"):
+        check_poolable(df.assign(prompt_id=df["prompt_id"] + df["run"]))
