@@ -151,11 +151,14 @@ def draft_length(options: dict, run: dict, controller: str | None) -> Any:
 
 def hardware_label(env: dict, run: dict) -> str:
     """A short name of the machine the run timed (summary.json `env`, written by
-    sparsespec/harness/environment.py): the GPU's name on a GPU, else the CPU's."""
+    sparsespec/harness/environment.py): the GPU's name on a GPU, else the CPU's with the vector width
+    torch dispatched to (`cpu_capability`, e.g. "AMD EPYC (AVX512)"), since one CPU name covers machines
+    whose AR and draft steps differ in speed. A run resumed over several sittings records its last."""
     device = str(run.get("device") or env.get("device") or "")
     if env.get("gpu") and (device.startswith("cuda") or not device):
         return str(env["gpu"])
-    return str(env.get("cpu") or device or "unknown")
+    name = str(env.get("cpu") or device or "unknown")
+    return f"{name} ({env['cpu_capability']})" if env.get("cpu_capability") else name
 
 
 def provenance(env: dict, run: dict) -> dict:

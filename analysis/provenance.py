@@ -166,7 +166,7 @@ def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: its commit(s) (8 characters; `(same code)` when several commits hold one code),
     whether any run came from modified code (code_dirty, or the whole tree's dirty flag for a run that
     predates it), whether any run found the machine busy ("?" where not recorded) and the attention path
-    of its AR denominator (ar_paths)."""
+    of its AR denominator (ar_paths), and the machine(s) its runs timed (`hardware`)."""
     def flag(values: pd.Series) -> str:
         known = values.dropna()
         return "?" if known.empty else ("yes" if known.astype(bool).any() else "no")
@@ -180,5 +180,5 @@ def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
         same = len(commits) > 1 and len(codes) == 1 and codes.pop().startswith("code:")
         records.append({**dict(zip(CELL, key)), "commit": ", ".join(commits) + (" (same code)" if same else ""),
                         "modified code": flag(modified[rows.index]), "noisy": flag(rows["noisy"]),
-                        "AR path": paths[key]})
-    return pd.DataFrame(records, columns=[*CELL, "commit", "modified code", "noisy", "AR path"])
+                        "AR path": paths[key], "hardware": ", ".join(sorted(set(rows["hardware"].dropna().astype(str))))})
+    return pd.DataFrame(records, columns=[*CELL, "commit", "modified code", "noisy", "AR path", "hardware"])

@@ -20,7 +20,8 @@ SPEED = {"ar": 1.0, "sparsespec": 1.5, "sparsespec_fixed": 1.3, "streaming": 1.1
 
 def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = False, noisy: bool = False,
               ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None,
-              options: dict | None = None, sample_codes: list | None = None, ar_path: str | None = None) -> None:
+              options: dict | None = None, sample_codes: list | None = None, ar_path: str | None = None,
+              capability: str | None = None) -> None:
     """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads; without
     `code` its git state is that of a run made before the code fingerprint was recorded; without `ar_path`
     its AR is that of a run made before AR's attention paths were measured."""
@@ -38,6 +39,8 @@ def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = F
                "env": {"cpu": "Synthetic CPU", "git": {"commit": commit, "dirty": dirty}}}
     if code is not None:
         summary["env"]["git"].update(code=code, code_dirty=code_dirty)
+    if capability is not None:
+        summary["env"]["cpu_capability"] = capability
     if ar_path is not None:
         summary["run"]["ar_variants"] = {"ar_attention": ar_path, "threads": 2,
                                          "ar_step_s": {ar_path: {"2": 0.1}, "sdpa": {"2": 0.12}}}
@@ -265,3 +268,15 @@ def test_a_cell_of_both_kinds_of_ar_is_refused(tmp_path):
     df = load_results(results)
     with pytest.raises(PoolingError, match="m/qa/8000 attended by an unmeasured path"):
         check_poolable(df.assign(prompt_id=df["prompt_id"] + df["run"]))
+
+
+def test_cell_provenance_names_each_cells_machines_with_their_vector_width(tmp_path):
+    """One CPU name covers an AVX2 and an AVX-512 machine whose speed-ups differ: the table tells them
+    apart, and a cell timed on two machines names both; a run that did not record its width keeps the name."""
+    for method in SPEED:
+        write_run(tmp_path / "r" / "a" / "0_m_qa_ctx8000" / method, method,
+                  capability="AVX2" if method == "streaming" else "AVX512")
+        write_run(tmp_path / "r" / "b" / "0_m_qa_ctx4000" / method, method, ctx=4000)
+    table = cell_provenance(load_results(tmp_path / "r")).set_index("ctx")
+    assert table["hardware"].to_dict() == {4000: "Synthetic CPU",
+                                           8000: "Synthetic CPU (AVX2), Synthetic CPU (AVX512)"}
