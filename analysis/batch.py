@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import estimates
+from analysis.frames import distinct
 from analysis.load import results_or_exit
 from analysis.plots import new_figure
 from analysis.publish import report_arguments, write_report
@@ -142,7 +143,7 @@ def scaling_figure(runs: pd.DataFrame):
         ax.set_ylabel("throughput speed-up over batched AR (×)")
         ax.set_title(f"{key[0]} · {key[1]} · {ctx_label(key[3])}", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Batched decoding: speed-up vs batch size ({', '.join(sorted(runs['hardware'].astype(str).unique()))})\n"
+    fig.suptitle(f"Batched decoding: speed-up vs batch size ({', '.join(distinct(runs, 'hardware'))})\n"
                  "geometric mean, error bars: 95% CI on the log scale over batches (B = 1: over prompts)",
                  fontsize=10)
     return fig

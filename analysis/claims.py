@@ -28,8 +28,8 @@ import pandas as pd
 
 from analysis import estimates, publish
 from analysis.estimates import NOT_MEASURABLE, Estimate, combined_verdict
-from analysis.frames import (RECYCLED, RETRIEVAL, SELECTION_CELL, fixed_k_inversion, percent, selection_samples,
-                             with_labels)
+from analysis.frames import (RECYCLED, RETRIEVAL, SELECTION_CELL, distinct, fixed_k_inversion, percent,
+                             selection_samples, with_labels)
 from analysis.load import results_or_exit
 from analysis.provenance import (PoolingError, add_mixed_commits_flag, cell_provenance, check_poolable,
                                  duplicate_prompts)
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     claims = check_claims(s, sweep)
     command = command_line(args)
-    hardware = ", ".join(sorted(df["hardware"].dropna().astype(str).unique())) or "unknown"
+    hardware = ", ".join(distinct(df, "hardware")) or "unknown"
     prefill = publish.prefill_savings(df, walls)
     document = publish.claims_document(claims, s, speedup_table(s), command, hardware, prefill, cell_provenance(df))
     readme_text = None if readme is None else publish.replace_block(

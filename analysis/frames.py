@@ -212,11 +212,17 @@ def speculative(df: pd.DataFrame) -> pd.DataFrame:
     return df[drafted & (df["method"] != "ar")]
 
 
+def distinct(df: pd.DataFrame, column: str) -> list[str]:
+    """The values a column holds, once each, sorted, as text (missing ones left out): e.g. the machines
+    a cell was timed on."""
+    return sorted({str(v) for v in df[column].dropna()})
+
+
 def setting_title(df: pd.DataFrame) -> str:
     """`model · task · hardware` of a figure's data (several values joined with '/')."""
     parts = []
     for column in ("model", "task", "hardware"):
-        values = sorted({str(v) for v in df[column].dropna()})
+        values = distinct(df, column)
         parts.append("/".join(values) if values else f"? {column}")
     return " · ".join(parts)
 

@@ -16,7 +16,7 @@ import argparse
 
 import pandas as pd
 
-from analysis.frames import with_labels
+from analysis.frames import distinct, with_labels
 
 CELL = ["model", "task", "ctx"]
 
@@ -180,5 +180,5 @@ def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
         same = len(commits) > 1 and len(codes) == 1 and codes.pop().startswith("code:")
         records.append({**dict(zip(CELL, key)), "commit": ", ".join(commits) + (" (same code)" if same else ""),
                         "modified code": flag(modified[rows.index]), "noisy": flag(rows["noisy"]),
-                        "AR path": paths[key], "hardware": ", ".join(sorted(set(rows["hardware"].dropna().astype(str))))})
+                        "AR path": paths[key], "hardware": ", ".join(distinct(rows, "hardware"))})
     return pd.DataFrame(records, columns=[*CELL, "commit", "modified code", "noisy", "AR path", "hardware"])
