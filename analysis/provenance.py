@@ -66,15 +66,16 @@ def code_versions(df: pd.DataFrame) -> pd.Series:
     return pd.Series([version(c, f) for c, f in zip(df["commit"], code)], index=df.index, dtype=object)
 
 
-def _short_commits(commits: pd.Series) -> str:
-    return ", ".join(sorted({str(c)[:8] for c in commits.dropna()})) or "unrecorded"
+def short_commits(commits: pd.Series) -> list[str]:
+    """The distinct commits of a column, 8 characters each, sorted; missing ones left out."""
+    return sorted({str(c)[:8] for c in commits.dropna()})
 
 
 def _version_text(version: str, commits: pd.Series) -> str:
     """`code 1a2b3c4d at aaaaaaaa, bbbbbbbb` or `commit aaaaaaaa (no code fingerprint)`."""
     kind, value = version.split(":", 1)
     if kind == "code":
-        return f"code {value[:8]} at {_short_commits(commits)}"
+        return f"code {value[:8]} at {', '.join(short_commits(commits)) or 'unrecorded'}"
     return "an unrecorded commit" if version == UNRECORDED else f"commit {value[:8]} (no code fingerprint)"
 
 
@@ -175,7 +176,7 @@ def cell_provenance(df: pd.DataFrame) -> pd.DataFrame:
     modified = df["code_dirty"].where(df["code_dirty"].notna(), df["dirty"]) if "code_dirty" in df else df["dirty"]
     records = []
     for key, rows in df.groupby(CELL, sort=True):
-        commits = sorted({str(c)[:8] for c in rows["commit"].dropna()}) or ["?"]
+        commits = short_commits(rows["commit"]) or ["?"]
         codes = set(versions[rows.index])
         same = len(commits) > 1 and len(codes) == 1 and codes.pop().startswith("code:")
         records.append({**dict(zip(CELL, key)), "commit": ", ".join(commits) + (" (same code)" if same else ""),

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from analysis import claims, publish
 from analysis.figures import main as figures_main
 from analysis.load import load_results
-from analysis.provenance import PoolingError, cell_provenance, check_poolable
+from analysis.provenance import PoolingError, cell_provenance, check_poolable, short_commits
 
 COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
 CODE_1, CODE_2 = "1" * 40, "2" * 40
@@ -177,6 +178,11 @@ def test_cell_provenance_shows_commit_and_the_dirty_and_noisy_flags(tmp_path):
     table = cell_provenance(load_results(tmp_path / "r")).set_index("ctx")
     assert table.loc[8000, ["commit", "modified code", "noisy"]].tolist() == ["aaaaaaaa", "no", "no"]
     assert table.loc[4000, ["commit", "modified code", "noisy"]].tolist() == ["bbbbbbbb", "yes", "yes"]
+
+
+def test_short_commits_are_distinct_sorted_and_leave_missing_ones_out():
+    assert short_commits(pd.Series([COMMIT_B, None, COMMIT_A, COMMIT_B])) == ["aaaaaaaa", "bbbbbbbb"]
+    assert short_commits(pd.Series([None], dtype=object)) == []
 
 
 def test_a_cell_at_two_commits_with_one_code_pools_and_says_same_code(tmp_path, capsys):
