@@ -153,7 +153,9 @@ def hardware_label(env: dict, run: dict) -> str:
     """A short name of the machine the run timed (summary.json `env`, written by
     sparsespec/harness/environment.py): the GPU's name on a GPU, else the CPU's with the vector width
     torch dispatched to (`cpu_capability`, e.g. "AMD EPYC (AVX512)"), since one CPU name covers machines
-    whose AR and draft steps differ in speed. A run resumed over several sittings records its last."""
+    whose AR and draft steps differ in speed. `env` is a summary's, or a sample's own stamp (`cpu`,
+    `cpu_capability`, `gpu`): a run resumed over several sittings records its last machine in its
+    summary, each sample the machine that decoded it."""
     device = str(run.get("device") or env.get("device") or "")
     if env.get("gpu") and (device.startswith("cuda") or not device):
         return str(env["gpu"])
@@ -222,6 +224,8 @@ def _sample_row(base: dict, sample: dict) -> dict:
     for key in ("code", "code_dirty"):      # the code that decoded this sample, where stamped (else its run's)
         if sample.get(key) is not None:
             row[key] = sample[key]
+    if sample.get("cpu_capability") is not None or sample.get("gpu") is not None:   # its machine, where stamped
+        row["hardware"] = hardware_label(sample, {"device": row.get("device")})
     return row
 
 

@@ -22,7 +22,7 @@ SPEED = {"ar": 1.0, "sparsespec": 1.5, "sparsespec_fixed": 1.3, "streaming": 1.1
 def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = False, noisy: bool = False,
               ctx: int = 8000, prompts: int = 3, code: str | None = None, code_dirty: bool | None = None,
               options: dict | None = None, sample_codes: list | None = None, ar_path: str | None = None,
-              capability: str | None = None) -> None:
+              capability: str | None = None, sample_capabilities: list | None = None) -> None:
     """One benchmark run folder (summary.json + samples.jsonl) with the fields the analysis reads; without
     `code` its git state is that of a run made before the code fingerprint was recorded; without `ar_path`
     its AR is that of a run made before AR's attention paths were measured."""
@@ -34,7 +34,9 @@ def write_run(folder: Path, method: str, commit: str = COMMIT_A, dirty: bool = F
         samples.append({"prompt_id": f"{p:03d}", "tokens_per_s": tps, "ar_tokens_per_s": ar, "speedup_vs_ar": tps / ar,
                         "mean_accepted": 1.0 if method == "ar" else 3.0, "outputs_match_ar": None if method == "ar" else True,
                         "prefill_s": 1.0, "decode_s": 1.0, "rounds": [],
-                        **({"code": sample_codes[p]} if sample_codes else {})})
+                        **({"code": sample_codes[p]} if sample_codes else {}),
+                        **({"cpu": "Synthetic CPU", "cpu_capability": sample_capabilities[p]}
+                           if sample_capabilities else {})})
     summary = {"run": {"model": "m", "task": "qa", "ctx": ctx, "method": method, "bench": {"noisy": noisy}},
                "config": {"method": {"name": method, "options": options}}, "metrics": {},
                "env": {"cpu": "Synthetic CPU", "git": {"commit": commit, "dirty": dirty}}}
@@ -120,6 +122,20 @@ def test_a_method_folder_resumed_on_other_code_is_refused_by_its_samples_codes(t
         write_run(one / "chunk" / "0_m_qa_ctx8000" / method, method, code=CODE_1, code_dirty=False,
                   sample_codes=[CODE_1] * 3)
     check_poolable(load_results(one))
+
+
+def test_a_folder_resumed_on_another_machine_names_each_samples_own_machine(tmp_path):
+    """The summary records the last sitting's machine; each stamped sample its own, and the cell names both."""
+    root = tmp_path / "results"
+    for method in SPEED:
+        write_run(root / "chunk" / "0_m_qa_ctx8000" / method, method, code=CODE_1, code_dirty=False,
+                  capability="AVX512", sample_capabilities=["AVX2", "AVX512", "AVX512"] if method == "ar" else None)
+    df = load_results(root)
+    ar = df[df["method"] == "ar"].sort_values("prompt_id")
+    assert list(ar["hardware"]) == ["Synthetic CPU (AVX2)", "Synthetic CPU (AVX512)", "Synthetic CPU (AVX512)"]
+    assert set(df.loc[df["method"] != "ar", "hardware"]) == {"Synthetic CPU (AVX512)"}
+    (row,) = cell_provenance(df).to_dict("records")
+    assert row["hardware"] == "Synthetic CPU (AVX2), Synthetic CPU (AVX512)"
 
 
 def test_claims_and_readme_paths_without_publish_are_refused(tmp_path, capsys):

@@ -246,16 +246,22 @@ def test_a_resume_with_nothing_left_keeps_summary_json_and_samples_name_their_co
     from sparsespec.harness import environment
     from sparsespec.harness.runner import run
 
+    def machine(capability):
+        return lambda: {"cpu": "Synthetic CPU", "cpu_capability": capability, "gpu": None}
+
     fake_inputs(monkeypatch, crash_on="p1")
+    monkeypatch.setattr(environment, "sitting_machine", machine("AVX2"))
     with pytest.raises(RuntimeError, match="boom on p1"):
         run(make(*QUICK), tmp_path)
     fake_inputs(monkeypatch)
+    monkeypatch.setattr(environment, "sitting_machine", machine("AVX512"))   # resumed on another machine
     assert run(make(*QUICK), tmp_path)["run"]["resumed"] is True          # p1 decoded: a new summary
     written = (tmp_path / "summary.json").read_bytes()
     again = run(make(*QUICK), tmp_path)                                      # nothing left to decode
     assert (tmp_path / "summary.json").read_bytes() == written and again == json.loads(written)
     code = environment.git_state()["code"]
-    assert [(s["prompt_id"], s["code"]) for s in read_samples(tmp_path)] == [("p0", code), ("p1", code)]
+    assert [(s["prompt_id"], s["code"], s["cpu_capability"]) for s in read_samples(tmp_path)] == [
+        ("p0", code, "AVX2"), ("p1", code, "AVX512")]
 
 
 @pytest.mark.slow   # a harness run, ~3 s: `make test`

@@ -168,3 +168,15 @@ def test_a_batched_run_draws_one_order_a_batch(decoded, tmp_path):
     samples = samples_of(tmp_path / "cell")
     for row, first in enumerate([0, 0, 2, 2, 4]):                 # each prompt's batch starts at `first`
         assert positions(samples, row) == prompt_order(entries, 0, first, "random")
+
+
+def test_the_progress_bar_follows_sparsespec_not_the_method_that_runs_last():
+    from types import SimpleNamespace as Run
+    matrix = [Run(label="ar", method="ar"), Run(label="sparsespec", method="sparsespec"),
+              Run(label="streaming", method="sparse_kv"), Run(label="assisted", method="assisted")]
+    assert decoding.shown_run(matrix).label == "sparsespec"
+    assert decoding.shown_run([matrix[0], matrix[3]]).label == "assisted"      # no SparseSpec-L: the first other
+    assert decoding.shown_run(matrix[:1]).label == "ar"
+    sample = {"tokens_per_s": 12.34, "speedup_vs_ar": 1.456}
+    assert decoding.progress_text(sample, "sparsespec") == "sparsespec 12.3 tok/s, 1.46x"
+    assert decoding.progress_text({"tokens_per_s": 9.0, "speedup_vs_ar": None}, None) == "9.0 tok/s"

@@ -74,6 +74,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def sitting_machine() -> dict:
+    """What each sample records of the machine that decoded it: the CPU's name, the vector width torch
+    dispatched to (one CPU name covers AVX2 and AVX-512 machines) and the GPU (None on a CPU)."""
+    return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu_info()["gpu"]}
+
+
 def gpu_info() -> dict:
     if not torch.cuda.is_available():
         return {"gpu": None, "gpu_count": 0, "cuda": None}

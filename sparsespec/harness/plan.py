@@ -25,6 +25,7 @@ class MethodRun:
     resumed: bool = False
     tracker: object = None
     git: dict = field(default_factory=dict)    # environment.git_state() read once as the sitting starts
+    machine: dict = field(default_factory=dict)  # environment.sitting_machine(): the CPU/GPU this sitting decodes on
     decoded: int = 0                           # samples this sitting added (0: a resume with nothing left to decode)
 
     def __post_init__(self):
@@ -43,9 +44,10 @@ class MethodRun:
         return self.spec.label
 
     @property
-    def code(self) -> dict:
-        """This sitting's code and code_dirty, stamped on each new sample."""
-        return {"code": self.git.get("code"), "code_dirty": self.git.get("code_dirty")}
+    def stamp(self) -> dict:
+        """This sitting's code, code_dirty and machine, stamped on each new sample: a folder resumed
+        over several sittings may hold samples of several codes and machines."""
+        return {"code": self.git.get("code"), "code_dirty": self.git.get("code_dirty"), **self.machine}
 
     def done(self, prompt) -> bool:
         return (str(prompt.id), self.label) in self.finished

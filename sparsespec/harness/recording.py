@@ -44,9 +44,9 @@ def batch_fields(gens, ref, row: int) -> dict:
 
 
 def record(run: MethodRun, index: int, sample: dict) -> None:
-    """One finished sample, stamped with the code that decoded it (a resumed folder may hold samples of
-    several sittings): appended to the method's samples.jsonl, kept as finished, logged."""
-    sample.update(run.code)
+    """One finished sample, stamped with the code and machine that decoded it (a resumed folder may hold
+    samples of several sittings): appended to the method's samples.jsonl, kept as finished, logged."""
+    sample.update(run.stamp)
     run.samples.append(sample)
     run.finished[sample_key(sample)] = sample
     run.decoded += 1

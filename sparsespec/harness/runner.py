@@ -51,10 +51,11 @@ def run(cfg: DictConfig, folder: Path, *, group: str | None = None) -> dict:
 def run_in_held_folder(config: RunConfig, folder: Path, *, started: str, group: str | None) -> dict:
     """`run` once the folder is checked and held: resume, load, decode the pending prompts, summarize."""
     runs = [MethodRun(spec) for spec in config.methods]
-    git = environment.git_state()
+    git, machine = environment.git_state(), environment.sitting_machine()
     for method_run in runs:
         open_results(method_run, config)
         method_run.git = git   # summary.json and every sample name the code as the sitting starts
+        method_run.machine = machine
     torch.manual_seed(config.seed)
     busy_before = environment.cpu_busy_fraction()
     memo = decoding.PREFILL_MEMO
