@@ -217,6 +217,45 @@ def test_a_warmup_round_dearer_than_its_expected_tokens_hands_over_to_the_fallba
     assert ctl.start_round(limit=100) == 0 and ctl.trace()["choice"] == "fallback"   # not three more warm-up rounds
 
 
+def test_after_a_warmup_lost_at_its_first_draft_the_probe_drafts_the_optimistic_k_not_the_rules_k1():
+    """A 4K prompt without a profile: the k = 2 warm-up round (0.27 s, 3 AR steps) is rejected at its first
+    draft and hands over: even at the optimistic rate u = 0.68 (Beta(1, 2)'s 90% quantile) no k reaches
+    0.95 / C_AR. The rule, fed one rejection (rate 1/3), would draft one token; the probe drafts the k
+    with the largest R at u: C_s = 0.27 - 2 x 0.04 - 0.15 = 0.04, C_v flat at 0.15, so
+    R(k) = (1 + u + ... + u^k) / (0.19 + 0.04 k): R(1) 7.3, R(2) 7.97, R(3) 7.98, R(4) 7.7."""
+    ctl = EntropyController(prior_k=4, probe_every=8)
+    ctl.start_round(limit=100)
+    ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.09, round_s=0.09)
+    assert ctl.start_round(limit=100) == 2
+    assert [ctl.keep_drafting_batch([[2.0] * j]) for j in (1, 2)] == [True, False]
+    ctl.observe_batch([[2.0, 2.0]], accepted=[0], submitted=2, draft_step_s=0.04, verify_s=0.15, round_s=0.27)
+    assert ctl.plain.falling_back and ctl.ready
+    assert ctl.optimistic_rate() == pytest.approx(1 - 0.1 ** 0.5)      # Beta(1, 2): 1 - (1 - x)^2 = 0.9
+    for _ in range(8):
+        assert ctl.start_round(limit=100) == 0 and ctl.trace()["choice"] == "fallback"
+        ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.09, round_s=0.09)
+    assert ctl.start_round(limit=100) == 3 and ctl.trace()["choice"] == "probe"
+    assert [ctl.keep_drafting_batch([[2.0] * j]) for j in (1, 2, 3)] == [True, True, False]
+    assert ctl.submit_count(3) == 3                            # the rule's stopping does not cut the probe
+
+
+def test_a_warmup_round_that_could_pay_at_a_plausible_rate_goes_on_though_its_own_k_lost():
+    """4 drafts, 3 accepted, in 0.25 s beside 0.09 s AR steps: 4 tokens for 2.8 AR steps' time, and at
+    Laplace's 4/6 the round's own expected 2.6 tokens lost. With C_s = 0.25 - 4 x 0.02 - 0.15 = 0.02, at
+    u = Beta(4, 2)'s 90% quantile (0.89) k = 8 reaches R = 17.8/s > 0.95 / 0.09 = 10.6/s: the warm-up goes
+    on (the fallback's window decides later). All 4 rejected, u = 0.37: R peaks at k = 1, 7.2/s: it hands over."""
+    def first_round(accepted):
+        ctl = EntropyController(warmup_k=(4, 8, 2))
+        ctl.start_round(limit=100)
+        ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.09, round_s=0.09)
+        assert ctl.start_round(limit=100) == 4
+        ctl.observe_batch([[1.0] * 4], accepted=[accepted], submitted=4, draft_step_s=0.02, verify_s=0.15,
+                          round_s=0.25)
+        return ctl
+    assert not first_round(3).plain.falling_back and first_round(3).start_round(limit=100) == 8
+    assert first_round(0).plain.falling_back
+
+
 def test_a_cost_profile_with_c_ar_opens_speculating_without_an_ar_probe():
     ctl = EntropyController()
     ctl.use_cost_prior(CostProfile(draft_step_s=0.01, verify_s={1: 0.1, 2: 0.11}, ar_step_s=0.1))
@@ -232,7 +271,8 @@ def test_entropy_controller_traces_are_consistent(arch):
     model = build_tiny(arch)
     prompt = random_prompt(200)
     gen = sparsespec.generate(model, prompt, method="sparsespec", controller="entropy", recent=16, budget=60,
-                              warmup_rounds=2, max_new_tokens=60, stop_at_eos=False)
+                              warmup_rounds=2, max_new_tokens=60, stop_at_eos=False,
+                              fallback=False)   # the rule in charge: a random model's drafts lose to AR
     assert 1 + sum(r.emitted for r in gen.rounds) == len(gen.tokens) == 60
     assert all(r.emitted == r.accepted + 1 for r in gen.rounds[:-1])
     traced = [r for r in gen.rounds if r.accept_probs]

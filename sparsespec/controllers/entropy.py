@@ -43,10 +43,19 @@ unimodality argument holds). One sequence is a batch of one: pibar = pi.
 Warm-up and degenerate cases. Until `warmup_rounds` rounds are done and both centres exist, the
 controller drafts the prior k, cycling through `warmup_k` (small first, growing) so that C_v's slope
 in k is measured. With the fallback on and no cost profile, a generation opens with an AR step
-("ar_probe": C_AR), and each warm-up round is judged like any speculative one: a round that costs
-more than its expected tokens' worth of AR steps, 1 + sum_{m<=k} pbar^m at the acceptance rate pbar
-seen so far, over `fallback_margin`, ends the warm-up and hands over to the fallback at once,
-so a loaded machine pays for one warm-up round, not four.
+("ar_probe": C_AR), and after each warm-up round the rule asks whether speculation can pay at all:
+with the costs measured so far (C_d, C_v, C_s) and the optimistic acceptance rate u (below), if no
+k <= max(K) reaches R(k) >= `fallback_margin` / C_AR, with pi_m = u^m, the warm-up ends and hands
+over to the fallback at once, so a loaded machine pays for one warm-up round, not four.
+
+Optimism. A warm-up or a probe has judged a handful of drafts, and the rate they show (Laplace's
+(n_acc + 1) / (n_judged + 2)) is mostly luck: a 4K prompt whose drafts are accepted 80% of the time
+has its first draft rejected one time in five. Judged at that rate, at the round's own small k (whose
+selection and verification cost as much as ~3 AR steps on a 2-core CPU), the first warm-up round
+handed over unless every draft was accepted, and each probe after it drafted k = 1, whose round
+cannot beat AR even when its draft is accepted. So both are judged at u, the `optimism` quantile
+(0.9) of the rate's Beta(n_acc + 1, n_rej + 1) posterior: exploration asks whether speculation
+could pay, and the fallback's full window, on measured rounds, decides whether it does.
 When |mu_acc - mu_rej| < `min_separation`, entropy says nothing, so it keeps the prior k. While
 one centre is still unseen (no rejection yet, or no acceptance yet), p_i is Laplace's rule of
 succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
@@ -62,7 +71,8 @@ step, one token per sequence for C_AR seconds. Once the rule is in charge, each 
 whether speculation is predicted to yield fewer tokens per second than AR, from robust (median)
 costs of recent rounds: then the round is an AR step ("fallback"), the drafter is not called, and
 every so often a "probe" round (k <= `prior_k`) re-measures speculation so that it returns when the
-load drops or acceptance rises. Rounds are compared whole (selection, every draft step, verification),
+load drops or acceptance rises. A probe drafts a fixed k: the candidate k <= `prior_k` with the
+largest R(k) at the optimistic rate u (prior_k while costs are unmeasured). Rounds are compared whole (selection, every draft step, verification),
 and speculation must lose by `fallback_margin` over a full window. The first such round measures
 C_AR ("ar_probe") unless the cost profile brings it. Each round's trace records the choice.
 """
@@ -90,7 +100,8 @@ class EntropyController(Controller):
     class Options(OptionSet):
         candidates: tuple[int, ...] = option(tuple(range(1, 17)), "every k up to 16: the paper's fixed-k sweep stops there",
                                              check=non_empty(at_least(1)))
-        prior_k: int = option(4, "drafted while entropy cannot yet discriminate: the fixed controller's k", check=at_least(1))
+        prior_k: int = option(4, "drafted while entropy cannot yet discriminate, and by every probe: the fixed "
+                                 "controller's k", check=at_least(1))
         warmup_k: tuple[int, ...] = option((2, 4, 8), "cycled in warm-up so that C_v's slope in k is measured; "
                                                       "small first, so a losing first round costs little",
                                            check=non_empty(at_least(1)))
@@ -129,6 +140,9 @@ class EntropyController(Controller):
         keep_drafted: bool = option(True, "a drafted token's step is paid: submit it when its expected tokens "
                                           "outweigh its extra verification (false: the closed form's k*, "
                                           "discarding the tokens drafted past it)")
+        optimism: float = option(0.9, "warm-ups and probes judge speculation at this quantile of the acceptance "
+                                      "rate's posterior: a few drafts say little, and an unlucky first rejection "
+                                      "must not end speculation that pays", check=in_range(0.5, 1))
         fallback_margin: float = option(0.95, "fall back only when speculation's rate is below 0.95 x AR's: "
                                               "medians of a few rounds are a few percent noisy, and a wrong "
                                               "fallback forgoes the whole speed-up", check=in_range(0, 1, high_open=False))
@@ -161,6 +175,7 @@ class EntropyController(Controller):
         self.rounds_seen = 0
         self.warmup_seen = 0                       # warm-up rounds run (the ar_probe not counted)
         self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
+        self.optimism = o.optimism
         self.plain = PlainFallback(o.cost_window, o.probe_every, o.probe_max, o.fallback_margin) if o.fallback else None
         self._reset_round(limit=self.max_k)
 
@@ -250,10 +265,8 @@ class EntropyController(Controller):
             if self._choice in PLAIN:
                 self._fixed = 0                     # no draft: one AR step
                 return 0
-            if self._choice == PROBE:
-                self._limit = min(limit, self.prior_k)   # a probe's cost is bounded
-            if not self.ready:                           # the rule cannot pick k yet: the probe drafts prior_k
-                self._fixed = self._limit
+            if self._choice == PROBE:                    # a fixed, bounded k (module docstring)
+                self._limit = self._fixed = self.probe_k(min(limit, self.prior_k))
             return self._limit
         if limit <= 0 or not self.ready:
             self._warmup = limit > 0
@@ -333,19 +346,40 @@ class EntropyController(Controller):
             if round_s is None:
                 round_s = submitted * (draft_step_s or 0.0) + verify_s                  # k C_d + C_v(k)
             self.plain.observe(self._choice, submitted, tokens, round_s)
-            if self._warmup and submitted and self.warmup_loses(submitted, round_s):
+            if self._warmup and submitted and self.warmup_loses():
                 self.warmup_rounds = self.warmup_seen + 1   # the rule takes over, in fallback
                 self.plain.fall_back()
         self.warmup_seen += self._warmup
 
-    def warmup_loses(self, k: int, round_s: float) -> bool:
-        """A warm-up round of k drafts cost more than its expected tokens' worth of AR steps
-        (module docstring), with C_AR measured."""
+    def optimistic_rate(self) -> float:
+        """u: the `optimism` quantile of the acceptance rate's Beta(n_acc + 1, n_rej + 1) posterior
+        (module docstring)."""
+        from scipy.stats import beta     # here: the decode loop's imports stay light
+        return float(beta.ppf(self.optimism, self.n_accepted + 1, self.n_rejected + 1))
+
+    def best_optimistic(self, bound: int) -> tuple[int, float]:
+        """(k, R(k)) of the candidate k <= bound with the largest R at the optimistic rate (ties to
+        the smaller k), on the costs measured so far; (bound, inf) while C_d or C_v is unmeasured."""
+        if self.c_draft is None or not self.c_verify.by_k:
+            return bound, math.inf
+        pis = survival([self.optimistic_rate()] * bound)
+        ratios = {k: expected_ratio(pis, k, self.c_draft, self.c_verify, self.c_select or 0.0)
+                  for k in self.candidates if k <= bound}
+        if not ratios:
+            return bound, math.inf
+        k = max(ratios, key=lambda c: (ratios[c], -c))
+        return k, ratios[k]
+
+    def probe_k(self, bound: int) -> int:
+        return self.best_optimistic(bound)[0]
+
+    def warmup_loses(self) -> bool:
+        """No k could beat AR at the measured costs even at the optimistic rate (module docstring),
+        with C_AR measured."""
         c_ar = self.plain.cost_ar()
         if c_ar is None:
             return False
-        expected = 1.0 + sum(survival([self.acceptance_rate()] * k))
-        return round_s * self.plain.margin > expected * c_ar
+        return self.best_optimistic(self.max_k)[1] < self.plain.margin / c_ar
 
     def _learn(self, entropies: Sequence[float], accepted: int, submitted: int) -> None:
         self.n_accepted += accepted
