@@ -94,6 +94,22 @@ def test_a_new_key_opens_at_one_thread_and_a_reprobe_explores_only_the_chosen_ke
     assert all(count == 1 for count, key in zip(ran, keys) if key == 4)
 
 
+def test_a_round_with_drafts_tries_more_threads_only_after_ar_steps_did_no_worse_there():
+    """Without a profile a generation opens with an AR step, then warm-up rounds of k = 2, 4, 8, 2. Beside
+    a loaded core the second k = 2 round was the first to try two threads, and took 5.1 s (0.38 s at one).
+    Rounds with drafts now stay at one thread until AR steps at two were no slower; quiet, once they were,
+    a round with drafts tries two threads."""
+    loaded = lambda t, key, i: (0.4 if key else 0.1) * (12.0 if key and t == 2 else 2.5 if t == 2 else 1.0)
+    keys = [0, 2, 4, 8, 2, 2, 2, 2]
+    assert run_rule(OnlineThreads(COUNTS), loaded, keys) == [1] * len(keys)
+    rule = OnlineThreads(COUNTS)
+    ran = run_rule(rule, loaded, [0] * 6 + [2] * 4)        # AR steps at two threads cost 2.5x: never drafts at two
+    assert ran[:6].count(2) == 3 and rule.current == 1 and ran[6:] == [1] * 4
+    quiet = lambda t, key, i: (0.4 if key else 0.1) * (0.8 if t == 2 else 1.0)
+    ran = run_rule(OnlineThreads(COUNTS), quiet, [0, 0, 2, 2, 2, 2, 2, 2])
+    assert ran[:2] == [1, 2] and sorted(ran[2:]) == [1, 1, 1, 2, 2, 2]   # AR steps said two is no slower
+
+
 def test_rounds_are_compared_only_with_rounds_of_the_same_draft_limit():
     """Rounds of limit 8 cost ten times rounds of limit 0; one thread is 20% faster at either. The
     exploration pairs rounds by limit, so the mix of limits at each count cannot mislead it."""

@@ -14,8 +14,12 @@ that a count is never judged on cheaper rounds than the other:
              two threads took 4.8 s against ~0.3 s at one), until one key has `rounds` rounds at
              every count; a re-exploration explores only the key of the last choice (rounds of
              other keys, e.g. a speculation probe, run at the current count and are not counted,
-             so a generation speculating on other keys holds its count until that key returns);
-             then
+             so a generation speculating on other keys holds its count until that key returns).
+             A round with drafts (key > 0) tries a count above the fewest only once AR steps (key 0)
+             at that count, in this exploration, were no slower than at the fewest (within the
+             margin): beside a loaded core a 2-thread AR step costs ~2.5 AR steps, a 2-thread
+             warm-up round of k = 2 took 5.1 s against 0.38 s at one thread. Where AR steps never
+             ran at the count, rounds with drafts stay at the fewest threads; then
                  ratio = median(seconds | other count, key) / median(seconds | current count, key)
              and the rule switches when ratio < margin (the other count faster by more than
              1 - margin; a near-tie stays, so noise does not flip the count back and forth)
@@ -107,7 +111,16 @@ class OnlineThreads:
         re-exploration runs rounds of keys other than the last choice's at the current count."""
         if not self.on_chosen_key(key):
             return self.current
-        return min(self.counts, key=lambda t: (len(self.seen[t][key]), t))
+        counts = self.counts if key == 0 else self.tried_on_ar_steps()
+        return min(counts, key=lambda t: (len(self.seen[t][key]), t))
+
+    def tried_on_ar_steps(self) -> list[int]:
+        """The counts a round with drafts may explore (module docstring): the fewest, and each other
+        count whose AR steps in this exploration were no slower than the fewest's, within the margin."""
+        fewest = min(self.counts)
+        base = self.seen[fewest].get(0)
+        return [fewest] + [t for t in self.counts if t != fewest and base and self.seen[t].get(0)
+                           and statistics.median(self.seen[t][0]) * self.margin <= statistics.median(base)]
 
     def on_chosen_key(self, key: int) -> bool:
         """`key` is the one the last choice was made on, or no choice was made yet."""
