@@ -110,6 +110,31 @@ def test_a_round_with_drafts_tries_more_threads_only_after_ar_steps_did_no_worse
     assert ran[:2] == [1, 2] and sorted(ran[2:]) == [1, 1, 1, 2, 2, 2]   # AR steps said two is no slower
 
 
+def test_when_no_key_is_measured_at_every_count_the_rule_holds_a_count_it_has_evidence_for():
+    """A speculating generation's limit changes every round, so no key is measured at both counts: after
+    8 x 3 rounds the rule holds. Without a prior or AR steps it holds the fewest threads (rounds with
+    drafts never ran at two: no evidence that two is safe); with a prior of two it keeps two."""
+    keys = list(range(30, 0, -1))                                    # 63, 62, ...: a new limit every round
+    ran = run_rule(OnlineThreads(COUNTS), lambda t, key, i: 0.3, keys)
+    assert ran == [1] * len(keys)
+    rule = OnlineThreads(COUNTS)
+    run_rule(rule, lambda t, key, i: 0.3, keys[:24])
+    assert not rule.exploring and rule.current == 1
+    rule = OnlineThreads(COUNTS, prior=2)
+    rule.explore()                                                   # a re-probe after the prior's hold
+    run_rule(rule, lambda t, key, i: 0.3, keys[:24])
+    assert not rule.exploring and rule.current == 2
+
+
+def test_the_ar_methods_rounds_explore_threads_as_ar_steps_whatever_its_controllers_limit():
+    """The `ar` method's controller returns a draft limit, but its rounds draft nothing: the rule sees AR
+    steps (key 0) and alternates the counts from the first rounds, as it must to choose."""
+    model = build_tiny("llama")
+    with using(2):
+        gen = sparsespec.generate(model, random_prompt(40), method="ar", max_new_tokens=12, threads="auto")
+    assert [r.threads for r in gen.rounds[:6]] == [1, 2, 1, 2, 1, 2]
+
+
 def test_rounds_are_compared_only_with_rounds_of_the_same_draft_limit():
     """Rounds of limit 8 cost ten times rounds of limit 0; one thread is 20% faster at either. The
     exploration pairs rounds by limit, so the mix of limits at each count cannot mislead it."""

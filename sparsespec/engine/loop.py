@@ -273,13 +273,15 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
     `proposer` drafts for them (None: the method proposes nothing). A round of k = 0 is an AR step,
     the same code at the same cost as the `ar` method's: no observer records it, so it attends by
     `ar_attention` (the policies keep the scores of the last verification that had drafts). The round
-    runs at the count `thread_rule` sets for rounds of its draft limit, and tells it what it cost."""
+    runs at the count `thread_rule` sets for rounds of its draft limit (0 for a method that proposes
+    nothing: an AR step whatever the controller's limit), and tells it what it cost."""
     thread_rule = FixedThreads(None) if thread_rule is None else thread_rule
     for row, s in enumerate(active):
         s.row = row
     timers = RoundTimers(cache.lengths.device)
     limit = controller.start_round(limit=max(s.wanted() for s in active) - 1)   # 0: one plain AR step
-    count = thread_rule.before_round(limit)
+    key = limit if proposer is not None else 0                                   # the round's draft limit
+    count = thread_rule.before_round(key)
     last = torch.stack([s.state.last.view(()) for s in active])                  # (B,)
     draft = propose(proposer, cache, active, last, controller, sampler, timers, limit)
     k = controller.submit_count(len(draft.tokens)) if draft.tokens else 0
@@ -288,7 +290,7 @@ def batch_round(model, cache: BatchCache, active: list, proposer, controller, sa
         logits = verify(model, cache, active, last, drafts, windows, ar_attention)          # (B, k+1, V)
         accepted, following = accept(drafts, draft.probs[:k], logits, sampler)            # (B,) each
         commit(cache, active, drafts, accepted, following)
-    thread_rule.observe(limit, timers.seconds)
+    thread_rule.observe(key, timers.seconds)
     learn(controller, active, draft, k, accepted, timers, count)
 
 

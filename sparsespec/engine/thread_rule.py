@@ -19,7 +19,10 @@ that a count is never judged on cheaper rounds than the other:
              at that count, in this exploration, were no slower than at the fewest (within the
              margin): beside a loaded core a 2-thread AR step costs ~2.5 AR steps, a 2-thread
              warm-up round of k = 2 took 5.1 s against 0.38 s at one thread. Where AR steps never
-             ran at the count, rounds with drafts stay at the fewest threads; then
+             ran at the count, rounds with drafts stay at the fewest threads. When no key reaches
+             `rounds` rounds at every count within 8 `rounds` rounds (a speculating generation's
+             limit changes every round), the rule holds the current count only where it has
+             evidence (a prior, or AR steps no slower at it), else the fewest; otherwise
                  ratio = median(seconds | other count, key) / median(seconds | current count, key)
              and the rule switches when ratio < margin (the other count faster by more than
              1 - margin; a near-tie stays, so noise does not flip the count back and forth)
@@ -85,6 +88,7 @@ class OnlineThreads:
         self.rounds, self.margin, self.drift = rounds, margin, drift    # 3: the least a median ignores one spike with
         self.window = 2 * rounds + 1                                   # rounds a "load left" mean spans
         self.wait_first, self.wait_max = wait_first, wait_max          # 16 rounds: a re-probe costs < 10% of a hold
+        self.prior = prior
         self.current = prior if prior in self.counts else max(self.counts)
         self.exploring = prior not in self.counts                      # no prior: measure from the first round
         self.wait, self.held = wait_first, 0
@@ -135,7 +139,7 @@ class OnlineThreads:
             if all(len(self.seen[t][key]) >= self.rounds for t in self.counts):
                 self.decide(key)
             elif sum(len(s) for by_key in self.seen.values() for s in by_key.values()) >= 8 * self.rounds:
-                self.hold(switched=False)                                   # keys kept changing: keep the count
+                self.settle_unmeasured()                                    # keys kept changing
             return
         self.held += 1
         if self.chosen_on is not None and self.on_chosen_key(key):
@@ -155,6 +159,16 @@ class OnlineThreads:
         if switched:
             self.current = best
         self.chosen_on = (key, medians[self.current], min(m for t, m in medians.items() if t != self.current))
+        self.hold(switched)
+
+    def settle_unmeasured(self) -> None:
+        """No key was measured at every count (a speculating generation changes its limit each round):
+        hold the current count where it has evidence (a prior, or AR steps at it no slower than at the
+        fewest), else the fewest, whose worst case beside a busy core is mild (module docstring)."""
+        trusted = self.current == self.prior or self.current in self.tried_on_ar_steps()
+        switched = not trusted and self.current != min(self.counts)
+        if switched:
+            self.current = min(self.counts)
         self.hold(switched)
 
     def hold(self, switched: bool) -> None:
