@@ -142,8 +142,9 @@ PROVENANCE_NOTE = ("The commit each cell's runs were made at (a cell's runs must
                    "the machine busy before or after it (`noisy`), and the attention path of its AR denominator "
                    "(`AR path`: the fastest of the paths the run measured, or `unmeasured` for runs made before AR's "
                    "paths were measured, whose AR was slower than it needed to be at long contexts), and the machine its runs "
-                   "timed (`hardware`: the CPU with the vector width torch used, or the GPU; a run resumed over "
-                   "several sittings records its last sitting's, so each sample's ratio may come from an earlier one).")
+                   "timed (`hardware`: the CPU with the vector width torch used, or the GPU; each sample names the "
+                   "machine that decoded it where it records one, else its run's last sitting's, so a sample written "
+                   "before samples recorded their machine may come from an earlier sitting's).")
 PREFILL_NOTE = ("AR and every engine method decode each prompt from one prefill (transformers' generate() rows "
                 "prefill their own); a prefill saved is one each method but the first would otherwise have run. "
                 "Chunk wall time is the whole chunk (`wall_times.tsv`), prefill and decoding of every method.")

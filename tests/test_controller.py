@@ -240,20 +240,27 @@ def test_after_a_warmup_lost_at_its_first_draft_the_probe_drafts_the_optimistic_
 
 
 def test_a_warmup_round_that_could_pay_at_a_plausible_rate_goes_on_though_its_own_k_lost():
-    """4 drafts, 3 accepted, in 0.25 s beside 0.09 s AR steps: 4 tokens for 2.8 AR steps' time, and at
-    Laplace's 4/6 the round's own expected 2.6 tokens lost. With C_s = 0.25 - 4 x 0.02 - 0.15 = 0.02, at
-    u = Beta(4, 2)'s 90% quantile (0.89) k = 8 reaches R = 17.8/s > 0.95 / 0.09 = 10.6/s: the warm-up goes
-    on (the fallback's window decides later). All 4 rejected, u = 0.37: R peaks at k = 1, 7.2/s: it hands over."""
+    """4 drafts, 3 accepted, in 0.40 s beside 0.09 s AR steps: judged at Laplace's 4/6 and at its own k, the
+    round's expected 2.6 tokens (0.24 s of AR) lost to its 0.40 s. With C_s = 0.40 - 4 x 0.02 - 0.15 = 0.17
+    and C_v flat, at u = Beta(4, 2)'s 90% quantile (0.89) k = 11 reaches R = 12.5/s > 0.95 / 0.09 = 10.6/s:
+    the warm-up goes on (the fallback's window decides later). With the first draft rejected (one judged
+    rejection: Beta(1, 2), u = 0.68) R peaks at k = 5, 6.8/s: it hands over."""
     def first_round(accepted):
         ctl = EntropyController(warmup_k=(4, 8, 2))
         ctl.start_round(limit=100)
         ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.09, round_s=0.09)
         assert ctl.start_round(limit=100) == 4
+        assert [ctl.keep_drafting_batch([[1.0] * j]) for j in (1, 2, 3, 4)] == [True, True, True, False]
         ctl.observe_batch([[1.0] * 4], accepted=[accepted], submitted=4, draft_step_s=0.02, verify_s=0.15,
-                          round_s=0.25)
+                          round_s=0.40)
+        assert ctl.c_select == pytest.approx(0.17)
         return ctl
-    assert not first_round(3).plain.falling_back and first_round(3).start_round(limit=100) == 8
-    assert first_round(0).plain.falling_back
+    going_on = first_round(3)
+    assert not going_on.plain.falling_back and going_on.optimistic_rate() == pytest.approx(0.888, abs=1e-3)
+    assert going_on.best_optimistic(16) == (11, pytest.approx(12.55, abs=0.01))
+    assert going_on.start_round(limit=100) == 8                       # the next warm-up round
+    handed_over = first_round(0)
+    assert handed_over.plain.falling_back and handed_over.best_optimistic(16)[0] == 5
 
 
 def test_a_cost_profile_with_c_ar_opens_speculating_without_an_ar_probe():

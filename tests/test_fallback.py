@@ -142,7 +142,7 @@ def test_the_entropy_controller_runs_a_fallback_round_as_no_draft_and_traces_why
     limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
     assert (limit, k, trace["choice"]) == (0, 0, FALLBACK)
     limit, k, trace = scripted_round(ctl, low, 16, 0.01, 1.0, ar_s=0.05)
-    assert trace["choice"] == PROBE and k == 2                                    # a probe drafts prior_k
+    assert trace["choice"] == PROBE and k == 2                                    # a probe drafts a fixed k: here prior_k
     assert 0 not in ctl.c_verify.by_k                                             # C_AR is no point of C_v(k)
 
 

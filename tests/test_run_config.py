@@ -21,7 +21,7 @@ SINGLE_SAMPLE_KEYS = sorted([
     "prompt_id", "model", "task", "source", "method", "ctx", "context_tokens", "new_tokens", "prefill_s",
     "decode_s", "tokens_per_s", "mean_accepted", "acceptance_rate", "time_split", "rounds", "ar_tokens_per_s",
     "ar_decode_s", "ar_prefill_s", "speedup_vs_ar", "outputs_match_ar", "text", "reference", "score", "depth",
-    "run_position", "code", "code_dirty"])
+    "run_position", "code", "code_dirty", "cpu", "cpu_capability", "gpu"])
 
 
 def composed(*overrides: str):

@@ -114,7 +114,7 @@ def test_when_no_key_is_measured_at_every_count_the_rule_holds_a_count_it_has_ev
     """A speculating generation's limit changes every round, so no key is measured at both counts: after
     8 x 3 rounds the rule holds. Without a prior or AR steps it holds the fewest threads (rounds with
     drafts never ran at two: no evidence that two is safe); with a prior of two it keeps two."""
-    keys = list(range(30, 0, -1))                                    # 63, 62, ...: a new limit every round
+    keys = list(range(30, 0, -1))                                    # 30, 29, ...: a new limit every round
     ran = run_rule(OnlineThreads(COUNTS), lambda t, key, i: 0.3, keys)
     assert ran == [1] * len(keys)
     rule = OnlineThreads(COUNTS)

@@ -82,6 +82,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from scipy.special import betaincinv   # the Beta quantile; imported with the module, not inside a timed round
+
 from sparsespec.options import OptionSet, above, at_least, in_range, non_empty, one_of, option
 from sparsespec.controllers.acceptance import EntropyBins, judged, paper_acceptance, with_base_rate
 from sparsespec.controllers.base import Controller
@@ -100,8 +102,8 @@ class EntropyController(Controller):
     class Options(OptionSet):
         candidates: tuple[int, ...] = option(tuple(range(1, 17)), "every k up to 16: the paper's fixed-k sweep stops there",
                                              check=non_empty(at_least(1)))
-        prior_k: int = option(4, "drafted while entropy cannot yet discriminate, and by every probe: the fixed "
-                                 "controller's k", check=at_least(1))
+        prior_k: int = option(4, "drafted while entropy cannot yet discriminate, and the most a probe drafts: "
+                                 "the fixed controller's k", check=at_least(1))
         warmup_k: tuple[int, ...] = option((2, 4, 8), "cycled in warm-up so that C_v's slope in k is measured; "
                                                       "small first, so a losing first round costs little",
                                            check=non_empty(at_least(1)))
@@ -354,8 +356,7 @@ class EntropyController(Controller):
     def optimistic_rate(self) -> float:
         """u: the `optimism` quantile of the acceptance rate's Beta(n_acc + 1, n_rej + 1) posterior
         (module docstring)."""
-        from scipy.stats import beta     # here: the decode loop's imports stay light
-        return float(beta.ppf(self.optimism, self.n_accepted + 1, self.n_rejected + 1))
+        return float(betaincinv(self.n_accepted + 1, self.n_rejected + 1, self.optimism))
 
     def best_optimistic(self, bound: int) -> tuple[int, float]:
         """(k, R(k)) of the candidate k <= bound with the largest R at the optimistic rate (ties to

@@ -18,11 +18,14 @@ that a count is never judged on cheaper rounds than the other:
              A round with drafts (key > 0) tries a count above the fewest only once AR steps (key 0)
              at that count, in this exploration, were no slower than at the fewest (within the
              margin): beside a loaded core a 2-thread AR step costs ~2.5 AR steps, a 2-thread
-             warm-up round of k = 2 took 5.1 s against 0.38 s at one thread. Where AR steps never
-             ran at the count, rounds with drafts stay at the fewest threads. When no key reaches
-             `rounds` rounds at every count within 8 `rounds` rounds (a speculating generation's
-             limit changes every round), the rule holds the current count only where it has
-             evidence (a prior, or AR steps no slower at it), else the fewest; otherwise
+             warm-up round of k = 2 took 5.1 s against 0.38 s at one thread. The AR steps judged
+             are the last 2 `rounds` + 1 at each count, from this exploration or an earlier one. Where
+             AR steps never ran at the count, rounds with drafts stay at the fewest threads (so a
+             method that never runs an AR step, e.g. fixed k, and has no prior drafts at one
+             thread). When no key reaches `rounds` rounds at every count within 8 `rounds` rounds
+             (a speculating generation's limit changes every round), the rule holds the current
+             count only where it has evidence (a prior, an earlier choice, or AR steps no slower at
+             it), else the fewest; otherwise
                  ratio = median(seconds | other count, key) / median(seconds | current count, key)
              and the rule switches when ratio < margin (the other count faster by more than
              1 - margin; a near-tie stays, so noise does not flip the count back and forth)
@@ -51,7 +54,7 @@ measured cost with the generation.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import torch
 
@@ -93,6 +96,7 @@ class OnlineThreads:
         self.exploring = prior not in self.counts                      # no prior: measure from the first round
         self.wait, self.held = wait_first, 0
         self.seen: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))  # count -> key -> s
+        self.ar_steps: dict[int, deque] = {t: deque(maxlen=self.window) for t in self.counts}  # recent AR steps by count
         self.chosen_on: tuple[int, float, float] | None = None         # (key, median s, the other's) at the choice
         self.recent: list[float] = []                                  # the current count's rounds of that key
         self.settled: float | None = None                              # their mean over the first window held
@@ -120,11 +124,12 @@ class OnlineThreads:
 
     def tried_on_ar_steps(self) -> list[int]:
         """The counts a round with drafts may explore (module docstring): the fewest, and each other
-        count whose AR steps in this exploration were no slower than the fewest's, within the margin."""
+        count whose recent AR steps (the last 2 `rounds` + 1 at each count, whenever run) were no
+        slower than the fewest's, within the margin."""
         fewest = min(self.counts)
-        base = self.seen[fewest].get(0)
-        return [fewest] + [t for t in self.counts if t != fewest and base and self.seen[t].get(0)
-                           and statistics.median(self.seen[t][0]) * self.margin <= statistics.median(base)]
+        base = self.ar_steps[fewest]
+        return [fewest] + [t for t in self.counts if t != fewest and base and self.ar_steps[t]
+                           and statistics.median(self.ar_steps[t]) * self.margin <= statistics.median(base)]
 
     def on_chosen_key(self, key: int) -> bool:
         """`key` is the one the last choice was made on, or no choice was made yet."""
@@ -132,6 +137,8 @@ class OnlineThreads:
 
     def observe(self, key: int, seconds: float) -> None:
         """The round of `key` just run at `self.running` took `seconds`."""
+        if key == 0:
+            self.ar_steps[self.running].append(seconds)
         if self.exploring:
             if not self.on_chosen_key(key):
                 return                         # a re-exploration measures the last choice's key only
@@ -163,9 +170,11 @@ class OnlineThreads:
 
     def settle_unmeasured(self) -> None:
         """No key was measured at every count (a speculating generation changes its limit each round):
-        hold the current count where it has evidence (a prior, or AR steps at it no slower than at the
-        fewest), else the fewest, whose worst case beside a busy core is mild (module docstring)."""
-        trusted = self.current == self.prior or self.current in self.tried_on_ar_steps()
+        hold the current count where it has evidence (a prior, an earlier choice on measured rounds, or
+        AR steps at it no slower than at the fewest), else the fewest, whose worst case beside a busy
+        core is mild (module docstring)."""
+        trusted = (self.current == self.prior or self.chosen_on is not None
+                   or self.current in self.tried_on_ar_steps())
         switched = not trusted and self.current != min(self.counts)
         if switched:
             self.current = min(self.counts)
