@@ -464,7 +464,7 @@ def test_run_writes_results_and_wandb_offline(tmp_path):
     samples = read_samples(out)
     assert len(samples) == 2 and len({s["prompt_id"] for s in samples}) == 2
     for s in samples:
-        assert set(s) == SAMPLE_KEYS | {"run_position", "code", "code_dirty"}   # the runner adds its place and code
+        assert set(s) == SAMPLE_KEYS | {"run_position", "code", "code_dirty", "cpu", "cpu_capability", "gpu"}   # the runner adds its place, code, machine
         assert (s["model"], s["task"], s["source"], s["method"], s["ctx"]) == \
             ("smollm2_135m", "summarization", "embedded", "sparsespec", 1000)
         assert 900 <= s["context_tokens"] <= 1000 and s["new_tokens"] == 16
