@@ -87,7 +87,7 @@ from scipy.special import betaincinv   # the Beta quantile; imported with the mo
 from sparsespec.options import OptionSet, above, at_least, in_range, non_empty, one_of, option
 from sparsespec.controllers.acceptance import EntropyBins, judged, paper_acceptance, with_base_rate
 from sparsespec.controllers.base import Controller
-from sparsespec.controllers.cost_models import HullCostModel, LinearCostModel, expected_ratio, survival
+from sparsespec.controllers.cost_models import HullCostModel, LinearCostModel, choose_k, expected_ratio, survival
 from sparsespec.controllers.fallback import AR_PROBE, PLAIN, PROBE, PlainFallback
 
 
@@ -363,13 +363,11 @@ class EntropyController(Controller):
         the smaller k), on the costs measured so far; (bound, inf) while C_d or C_v is unmeasured."""
         if self.c_draft is None or not self.c_verify.by_k:
             return bound, math.inf
-        pis = survival([self.optimistic_rate()] * bound)
-        ratios = {k: expected_ratio(pis, k, self.c_draft, self.c_verify, self.c_select or 0.0)
-                  for k in self.candidates if k <= bound}
-        if not ratios:
+        probs, c_select = [self.optimistic_rate()] * bound, self.c_select or 0.0
+        k = choose_k(probs, self.candidates, self.c_draft, self.c_verify, c_select)
+        if k is None:                                    # no candidate <= bound
             return bound, math.inf
-        k = max(ratios, key=lambda c: (ratios[c], -c))
-        return k, ratios[k]
+        return k, expected_ratio(survival(probs), k, self.c_draft, self.c_verify, c_select)
 
     def probe_k(self, bound: int) -> int:
         return self.best_optimistic(bound)[0]
