@@ -289,6 +289,35 @@ def test_the_prior_guess_keeps_a_warmup_going_after_one_unlucky_first_draft_a_fl
     assert after(4).plain.falling_back                               # the guess yields to evidence
 
 
+def test_the_rules_first_rounds_after_a_warmup_are_not_judged_on_the_warmups_fixed_k_rounds():
+    """The load benchmark's `compound` prompt at 4K, quiet: AR step 0.11 s; warm-up rounds k = 2, 4, 8, 2
+    with 0, 0, 1, 2 accepted (0.24, 0.26, 0.46, 0.28 s), none handing over; the rule's first round, 2 of 2
+    accepted in 0.30 s. Its window (tokens [1 1 2 3 3], seconds median 0.28) puts S at 7.1/s, below
+    0.95 / 0.11 = 8.6/s: judged on it, the prompt fell back after the rule's first round, though its
+    rounds later accepted 3 of 3, 5 of 5, 8 of 8. The rule's first ceil(W/2) - 1 = 2 rounds go unjudged."""
+    ctl = EntropyController()
+    ctl.start_round(limit=100)
+    ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.11, round_s=0.11)
+    for accepted, seconds in [(0, 0.24), (0, 0.26), (1, 0.46), (2, 0.28)]:
+        k = ctl.start_round(limit=100)
+        [ctl.keep_drafting_batch([[2.0] * j]) for j in range(1, k + 1)]
+        ctl.observe_batch([[2.0] * k], accepted=[accepted], submitted=k, draft_step_s=0.03, verify_s=0.15,
+                          round_s=seconds)
+        assert not ctl.plain.falling_back
+    def rule_round(accepted, seconds):
+        assert ctl.start_round(limit=2) == 2 and ctl.trace()["choice"] == "speculate"
+        [ctl.keep_drafting_batch([[2.0] * j]) for j in (1, 2)]
+        ctl.observe_batch([[2.0] * 2], accepted=[accepted], submitted=2, draft_step_s=0.03, verify_s=0.15,
+                          round_s=seconds)
+    rule_round(2, 0.30)
+    assert ctl.plain.speculation_rate() == pytest.approx(2.0 / 0.28)
+    assert ctl.plain.speculation_rate() < ctl.plain.threshold() and not ctl.plain.falling_back
+    rule_round(0, 0.30)
+    assert not ctl.plain.falling_back
+    rule_round(0, 0.30)                           # judged: tokens [2 3 3 1 1], S = 2 / 0.30 < 8.6
+    assert ctl.plain.falling_back
+
+
 def test_a_cost_profile_with_c_ar_opens_speculating_without_an_ar_probe():
     ctl = EntropyController()
     ctl.use_cost_prior(CostProfile(draft_step_s=0.01, verify_s={1: 0.1, 2: 0.11}, ar_step_s=0.1))

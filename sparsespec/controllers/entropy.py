@@ -46,7 +46,9 @@ in k is measured. With the fallback on and no cost profile, a generation opens w
 ("ar_probe": C_AR), and after each warm-up round the rule asks whether speculation can pay at all:
 with the costs measured so far (C_d, C_v, C_s) and the optimistic acceptance rate u (below), if no
 k <= max(K) reaches R(k) >= `fallback_margin` / C_AR, with pi_m = u^m, the warm-up ends and hands
-over to the fallback at once, so a loaded machine pays for one warm-up round, not four.
+over to the fallback at once, so a loaded machine pays for one warm-up round, not four. A warm-up
+that does not hand over ends with `PlainFallback.rule_takes_over`: its rounds drafted fixed ks to
+measure costs, so the rule's first few rounds are not judged on a window of them.
 
 Optimism. A warm-up or a probe has judged a handful of drafts, and the rate they show (Laplace's
 (n_acc + 1) / (n_judged + 2)) is mostly luck: a 4K prompt whose drafts are accepted 80% of the time
@@ -366,6 +368,8 @@ class EntropyController(Controller):
             if self._warmup and submitted and self.warmup_loses():
                 self.warmup_rounds = self.warmup_seen + 1   # the rule takes over, in fallback
                 self.plain.fall_back()
+            elif self._warmup and self.warmup_seen + 1 == self.warmup_rounds:
+                self.plain.rule_takes_over()                # judged on the rule's own rounds
         self.warmup_seen += self._warmup
 
     def optimistic_rate(self) -> float:
