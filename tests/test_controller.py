@@ -223,7 +223,7 @@ def test_after_a_warmup_lost_at_its_first_draft_the_probe_drafts_the_optimistic_
     0.95 / C_AR. The rule, fed one rejection (rate 1/3), would draft one token; the probe drafts the k
     with the largest R at u: C_s = 0.27 - 2 x 0.04 - 0.15 = 0.04, C_v flat at 0.15, so
     R(k) = (1 + u + ... + u^k) / (0.19 + 0.04 k): R(1) 7.3, R(2) 7.97, R(3) 7.98, R(4) 7.7."""
-    ctl = EntropyController(prior_k=4, probe_every=8, prior_acceptance_drafts=0)   # a flat prior: Beta(1, 1)
+    ctl = EntropyController(prior_k=4, probe_every=8)
     ctl.start_round(limit=100)
     ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.09, round_s=0.09)
     assert ctl.start_round(limit=100) == 2
@@ -246,7 +246,7 @@ def test_a_warmup_round_that_could_pay_at_a_plausible_rate_goes_on_though_its_ow
     the warm-up goes on (the fallback's window decides later). With the first draft rejected (one judged
     rejection: Beta(1, 2), u = 0.68) R peaks at k = 5, 6.8/s: it hands over."""
     def first_round(accepted):
-        ctl = EntropyController(warmup_k=(4, 8, 2), prior_acceptance_drafts=0)   # a flat prior
+        ctl = EntropyController(warmup_k=(4, 8, 2))
         ctl.start_round(limit=100)
         ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.09, round_s=0.09)
         assert ctl.start_round(limit=100) == 4
@@ -261,61 +261,6 @@ def test_a_warmup_round_that_could_pay_at_a_plausible_rate_goes_on_though_its_ow
     assert going_on.start_round(limit=100) == 8                       # the next warm-up round
     handed_over = first_round(0)
     assert handed_over.plain.falling_back and handed_over.best_optimistic(16)[0] == 5
-
-
-def test_the_prior_guess_keeps_a_warmup_going_after_one_unlucky_first_draft_a_flat_prior_hands_over():
-    """The library at 4K (the `compound` prompt of the load benchmark): AR steps of 81 ms, then the k = 2
-    warm-up round, 194 ms, rejected at its first draft. C_s = 0.194 - 2 x 0.03 - 0.11 = 0.024, C_v flat.
-    A flat prior: u = 0.68 (Beta(1, 2)), R peaks at k = 3, (1 + .68 + .47 + .32) / 0.224 = 11.0/s, below
-    0.95 / 0.081 = 11.7/s: it handed over, and 24 of 64 tokens ran plain. The guess (0.8 worth 4 drafts):
-    u = Beta(4.2, 2.8)'s 90% quantile, 0.82; k = 4 reaches (1 + .82 + ... + .82^4) / 0.254 = 13.7/s:
-    the warm-up goes on. Four rejections in a row bring u down to 0.62, and it hands over."""
-    def after(rejected_rounds, **options):
-        ctl = EntropyController(**options)
-        ctl.start_round(limit=100)
-        ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.081, round_s=0.081)
-        for _ in range(rejected_rounds):
-            if ctl.plain.falling_back:
-                break
-            k = ctl.start_round(limit=100)
-            [ctl.keep_drafting_batch([[2.0] * j]) for j in range(1, k + 1)]
-            ctl.observe_batch([[2.0] * k], accepted=[0], submitted=k, draft_step_s=0.03,
-                              verify_s=0.11 + 0.005 * (k - 2), round_s=0.194 + 0.035 * (k - 2))
-        return ctl
-    flat, guessed = after(1, prior_acceptance_drafts=0), after(1)
-    assert flat.plain.falling_back and flat.optimistic_rate() == pytest.approx(0.684, abs=1e-3)
-    assert not guessed.plain.falling_back and guessed.optimistic_rate() == pytest.approx(0.823, abs=1e-3)
-    assert guessed.start_round(limit=100) == 4                       # the next warm-up round
-    assert after(4).plain.falling_back                               # the guess yields to evidence
-
-
-def test_the_rules_first_rounds_after_a_warmup_are_not_judged_on_the_warmups_fixed_k_rounds():
-    """The load benchmark's `compound` prompt at 4K, quiet: AR step 0.11 s; warm-up rounds k = 2, 4, 8, 2
-    with 0, 0, 1, 2 accepted (0.24, 0.26, 0.46, 0.28 s), none handing over; the rule's first round, 2 of 2
-    accepted in 0.30 s. Its window (tokens [1 1 2 3 3], seconds median 0.28) puts S at 7.1/s, below
-    0.95 / 0.11 = 8.6/s: judged on it, the prompt fell back after the rule's first round, though its
-    rounds later accepted 3 of 3, 5 of 5, 8 of 8. The rule's first ceil(W/2) - 1 = 2 rounds go unjudged."""
-    ctl = EntropyController()
-    ctl.start_round(limit=100)
-    ctl.observe_batch([[]], accepted=[0], submitted=0, draft_step_s=None, verify_s=0.11, round_s=0.11)
-    for accepted, seconds in [(0, 0.24), (0, 0.26), (1, 0.46), (2, 0.28)]:
-        k = ctl.start_round(limit=100)
-        [ctl.keep_drafting_batch([[2.0] * j]) for j in range(1, k + 1)]
-        ctl.observe_batch([[2.0] * k], accepted=[accepted], submitted=k, draft_step_s=0.03, verify_s=0.15,
-                          round_s=seconds)
-        assert not ctl.plain.falling_back
-    def rule_round(accepted, seconds):
-        assert ctl.start_round(limit=2) == 2 and ctl.trace()["choice"] == "speculate"
-        [ctl.keep_drafting_batch([[2.0] * j]) for j in (1, 2)]
-        ctl.observe_batch([[2.0] * 2], accepted=[accepted], submitted=2, draft_step_s=0.03, verify_s=0.15,
-                          round_s=seconds)
-    rule_round(2, 0.30)
-    assert ctl.plain.speculation_rate() == pytest.approx(2.0 / 0.28)
-    assert ctl.plain.speculation_rate() < ctl.plain.threshold() and not ctl.plain.falling_back
-    rule_round(0, 0.30)
-    assert not ctl.plain.falling_back
-    rule_round(0, 0.30)                           # judged: tokens [2 3 3 1 1], S = 2 / 0.30 < 8.6
-    assert ctl.plain.falling_back
 
 
 def test_a_cost_profile_with_c_ar_opens_speculating_without_an_ar_probe():
@@ -459,7 +404,7 @@ def test_a_slow_first_round_at_k_2_does_not_hold_the_rule_at_k_1_for_good():
     every k > 1 look too dear, and the rule drafted k = 1 to the end of the generation, though its
     drafts were all accepted. Once the k = 2 point is older than `verify_point_age` rounds, it
     leaves the fit and the rule drafts further."""
-    ctl = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=16, prior_acceptance_drafts=0)
+    ctl = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=16)
     ctl.c_draft, ctl.c_select = 0.032, 0.007
     ctl.c_verify.add(2, 0.130)
     ks = []
@@ -469,7 +414,7 @@ def test_a_slow_first_round_at_k_2_does_not_hold_the_rule_at_k_1_for_good():
         ctl.observe_batch([[0.3] * k], [k], k, 0.032, 0.091 + 0.010 * (k - 1), round_s=0.007 + 0.032 * k + 0.091)
     assert ks[0] == 1                               # the stale slope holds k at 1 while the point is fresh
     assert max(ks[17:]) > 1                         # then it is gone, and k grows
-    frozen = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=10 ** 6, prior_acceptance_drafts=0)
+    frozen = EntropyController(warmup_rounds=0, fallback=False, verify_point_age=10 ** 6)
     frozen.c_draft, frozen.c_select = 0.032, 0.007
     frozen.c_verify.add(2, 0.130)
     for _ in range(30):
@@ -580,7 +525,7 @@ def test_a_batch_profile_keeps_only_the_rounds_the_whole_batch_took_part_in():
 
 
 def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
-    """Without acceptance evidence (no guess) the rule opens at p = 1/2 (Laplace) and drafts k = 1; seeded by a
+    """Without acceptance evidence the rule opens at p = 1/2 (Laplace) and drafts k = 1; seeded by a
     profile that saw 90% of drafts accepted at low entropy, the same costs choose a longer draft."""
     from sparsespec.controllers.acceptance import EntropyBins
     bins = EntropyBins()
@@ -590,7 +535,7 @@ def test_an_acceptance_prior_opens_a_prompt_at_the_k_its_evidence_supports():
         bins.add(3.6, i < 5)                 # high-entropy drafts: half accepted
     profile = CostProfile(draft_step_s=0.02, verify_s={1: 0.10, 16: 0.16}, accepted_entropy=0.3,
                           rejected_entropy=3.0, acceptance_rate=0.9, bins=bins)
-    unseeded = EntropyController(prior_strength=0, prior_acceptance_drafts=0, fallback=False)
+    unseeded = EntropyController(prior_strength=0, fallback=False)
     unseeded.use_cost_prior(profile)
     seeded = EntropyController(fallback=False)
     seeded.use_cost_prior(profile)

@@ -98,36 +98,6 @@ def test_after_a_warm_up_lost_in_one_round_only_probes_that_win_bring_speculatio
     assert [step(rule, 3, 0.2) for _ in range(5)] == [FALLBACK, FALLBACK, PROBE, PROBE, SPECULATE]
 
 
-def test_after_a_return_the_rounds_that_caused_the_fallback_do_not_judge_the_next_round_alone():
-    """The library at 4K (the load benchmark's `lists` prompt, its recorded rounds): warm-up rounds that lost
-    (k = 8 and k = 2, nothing accepted) sent it to plain decoding; a probe, 4 of 4 accepted, brought
-    speculation back (tokens [5 1 1 2 5], seconds median 0.21: S = 13.3 >= 0.95 x 13.3). Its next round,
-    2 of 4 accepted in 0.224 s (13.4 tokens/s, as fast as AR), was judged on a window still holding
-    those warm-up rounds (tokens [1 1 2 5 3]: S = 11.4) and fell back again for 8 AR steps, where later
-    rounds accepted 4 of 4, 5 of 5, 8 of 8. After a return, ceil(W/2) - 1 = 2 rounds go unjudged; the
-    third is judged on a window of the probe and the three rounds since."""
-    rule = PlainFallback(window=5, probe_every=8, probe_max=64, margin=0.95)
-    assert rule.choose() == AR_PROBE
-    rule.observe(AR_PROBE, 0, 1.0, 0.075)
-    for drafted, accepted, seconds in [(2, 2, 0.192), (4, 4, 0.244), (8, 0, 0.384), (2, 0, 0.19)]:
-        rule.observe("", drafted, accepted + 1, seconds)       # the warm-up's rounds
-    assert rule.choose() == SPECULATE
-    rule.observe(SPECULATE, 1, 2.0, 0.15)
-    assert rule.falling_back
-    for seconds in [0.074, 0.078, 0.073, 0.08, 0.074, 0.075, 0.075, 0.074]:
-        assert rule.choose() == FALLBACK
-        rule.observe(FALLBACK, 0, 1.0, seconds)
-    assert rule.choose() == PROBE
-    rule.observe(PROBE, 4, 5.0, 0.21)
-    assert not rule.falling_back and rule.speculation_rate() == pytest.approx(2.8 / 0.21)
-    rule.observe(rule.choose(), 4, 3.0, 0.224)                 # 2 of 4: the old rule fell back here
-    assert rule.speculation_rate() < rule.threshold() and not rule.falling_back
-    rule.observe(rule.choose(), 4, 1.0, 0.224)                 # a second round unjudged, however it went
-    assert not rule.falling_back
-    rule.observe(rule.choose(), 4, 1.0, 0.224)                 # judged: tokens [2 5 3 1 1], S = 2.4 / 0.224
-    assert rule.falling_back and rule.speculation_rate() == pytest.approx(2.4 / 0.224)
-
-
 def test_a_probe_within_the_margin_but_below_ar_is_not_followed_by_another():
     """A break-even probe (0.96 A: within the 0.95 margin, yet slower than AR) paid nothing back:
     plain decoding goes on and the wait doubles; a probe that beat AR is followed by another."""

@@ -46,9 +46,7 @@ in k is measured. With the fallback on and no cost profile, a generation opens w
 ("ar_probe": C_AR), and after each warm-up round the rule asks whether speculation can pay at all:
 with the costs measured so far (C_d, C_v, C_s) and the optimistic acceptance rate u (below), if no
 k <= max(K) reaches R(k) >= `fallback_margin` / C_AR, with pi_m = u^m, the warm-up ends and hands
-over to the fallback at once, so a loaded machine pays for one warm-up round, not four. A warm-up
-that does not hand over ends with `PlainFallback.rule_takes_over`: its rounds drafted fixed ks to
-measure costs, so the rule's first few rounds are not judged on a window of them.
+over to the fallback at once, so a loaded machine pays for one warm-up round, not four.
 
 Optimism. A warm-up or a probe has judged a handful of drafts, and the rate they show (Laplace's
 (n_acc + 1) / (n_judged + 2)) is mostly luck: a 4K prompt whose drafts are accepted 80% of the time
@@ -61,12 +59,6 @@ could pay, and the fallback's full window, on measured rounds, decides whether i
 When |mu_acc - mu_rej| < `min_separation`, entropy says nothing, so it keeps the prior k. While
 one centre is still unseen (no rejection yet, or no acceptance yet), p_i is Laplace's rule of
 succession on the counts: (n_acc + 1) / (n_acc + 2), or 1 / (n_rej + 2).
-
-Prior guess. Without a cost profile, the counts start from a guess, `prior_acceptance` (0.8) worth
-`prior_acceptance_drafts` (4) judged drafts, not from nothing: under a flat prior one rejected first
-draft puts u at 0.68, and the warm-up handed over after one unlucky round (a 4K prompt that ran 1.75x
-over 256 tokens spent 24 of its first 64 in fallback). With the guess, one rejection leaves u at
-0.82; four leave it at 0.62. A profile's evidence replaces the guess (`use_acceptance_prior`).
 
 Costs. C_d is an EMA of measured draft-step seconds; C_v(k) is fitted (`verify_cost_fit`: a line,
 or the lower convex hull) through an EMA of measured verify seconds per submitted k; a point unmeasured for
@@ -122,13 +114,6 @@ class EntropyController(Controller):
                                  check=in_range(0, 1, high_open=False))
         tau: float = option(1.0, "the paper's softmax over plain L1 distances", check=above(0))
         min_separation: float = option(0.05, "nats; closer centres say nothing, so the prior k stays", check=at_least(0))
-        prior_acceptance: float = option(0.8, "a judged draft's acceptance before any is judged (no cost profile): "
-                                              "SparseSpec-L's calibration profiles in the matrix measured 0.74-0.99, "
-                                              "median 0.92; the low end, so a worse drafter is not flattered",
-                                         check=in_range(0, 1, high_open=False))
-        prior_acceptance_drafts: float = option(4.0, "judged drafts that guess counts for: one k = 4 round's worth, "
-                                                     "so a prompt's own first rounds outweigh it",
-                                                check=at_least(0))
         prior_strength: float = option(16.0, "judged drafts a cost profile's acceptance evidence counts for: "
                                                    "about a prompt's first 4 rounds, then this prompt's own decide",
                                        check=at_least(0))
@@ -191,9 +176,7 @@ class EntropyController(Controller):
             ema=o.ema_cost, max_age=o.verify_point_age)
         self.rounds_seen = 0
         self.warmup_seen = 0                       # warm-up rounds run (the ar_probe not counted)
-        # judged drafts accepted / rejected, pseudo-counts included: the prior guess, or a profile's evidence
-        self.n_accepted = o.prior_acceptance * o.prior_acceptance_drafts
-        self.n_rejected = (1.0 - o.prior_acceptance) * o.prior_acceptance_drafts
+        self.n_accepted = self.n_rejected = 0.0    # judged drafts accepted / rejected (profile pseudo-counts included)
         self.optimism = o.optimism
         self.plain = PlainFallback(o.cost_window, o.probe_every, o.probe_max, o.fallback_margin) if o.fallback else None
         self._reset_round(limit=self.max_k)
@@ -368,8 +351,6 @@ class EntropyController(Controller):
             if self._warmup and submitted and self.warmup_loses():
                 self.warmup_rounds = self.warmup_seen + 1   # the rule takes over, in fallback
                 self.plain.fall_back()
-            elif self._warmup and self.warmup_seen + 1 == self.warmup_rounds:
-                self.plain.rule_takes_over()                # judged on the rule's own rounds
         self.warmup_seen += self._warmup
 
     def optimistic_rate(self) -> float:

@@ -26,14 +26,7 @@ The choice, each round:
                                                       bounds its k); after it
         S >= margin * A on the speculative rounds measured so far, the window full or not (a
         warm-up lost in one round is not outvoted by a window too short to judge)
-                                           -> speculate again; wait <- probe_every; the next
-                                              ceil(W/2) - 1 speculative rounds are not judged, so
-                                              that the window judging the return holds a majority
-                                              of rounds run since it (the probe and ceil(W/2)
-                                              more), not the rounds that caused the fallback.
-                                              The same holds once a warm-up that did not hand over
-                                              ends (`rule_takes_over`): its fixed-k rounds measured
-                                              costs, and the rule's own rounds judge it
+                                           -> speculate again; wait <- probe_every
         the probe's own (a + 1) / s >= A   -> probe again next round (good probes refill the
                                            window, so S catches up within ceil(W/2) rounds; a probe
                                            that merely came within the margin of AR paid nothing
@@ -66,8 +59,6 @@ class PlainFallback:
         self.wait = probe_every                    # AR rounds between probes
         self.idle = 0                              # AR rounds since entering fallback or the last probe
         self.probe_again = False
-        self.grace_rounds = math.ceil(window / 2) - 1
-        self.grace = 0                             # the rule's speculative rounds still unjudged
 
     def cost_ar(self) -> float | None:
         """C_AR: the median seconds of the recent AR rounds."""
@@ -117,17 +108,10 @@ class PlainFallback:
             self.spec_seconds.append(seconds)
         if choice == FALLBACK:
             self.idle += 1
-        elif choice == SPECULATE and self.grace:
-            self.grace -= 1
         elif choice == SPECULATE and self.speculation_loses():
             self.falling_back, self.idle, self.probe_again = True, 0, False
         elif choice == PROBE:
             self.after_probe(tokens / seconds if seconds > 0 else math.inf)
-
-    def rule_takes_over(self) -> None:
-        """A warm-up that did not hand over ends: its rounds drafted fixed ks to measure costs, so the
-        rule's first ceil(W/2) - 1 speculative rounds go unjudged, as after a return (module docstring)."""
-        self.grace = self.grace_rounds
 
     def fall_back(self) -> None:
         """Plain decoding from now on, speculation re-probed as after any switch (the warm-up lost)."""
@@ -136,7 +120,6 @@ class PlainFallback:
     def after_probe(self, probe_rate: float) -> None:
         if self.speculation_wins():
             self.falling_back, self.wait, self.probe_again = False, self.probe_every, False
-            self.grace = self.grace_rounds
         elif probe_rate >= self.ar_rate():         # beat AR, not merely within the margin (docstring)
             self.probe_again = True
         else:
