@@ -53,7 +53,8 @@ def ar_steps(model, ctx: int) -> tuple[list[dict], str]:
     for _ in range(2):
         row = {}
         for name, inputs in (("alone", prompts[0]), ("B2", prompts[:2]), ("B4", prompts)):
-            gen = sparsespec.generate(model, inputs, method="ar", max_new_tokens=24, stop_at_eos=False)
+            gen = sparsespec.generate(model, inputs, method="ar", max_new_tokens=24, stop_at_eos=False,
+                                      remember=False)      # each repetition measured on its own
             row[f"{name}_step_ms"] = gen.decode_s / 23 * 1e3
         out.append(row)
     from torch.profiler import ProfilerActivity, profile

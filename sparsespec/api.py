@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from sparsespec import call_memory
 from sparsespec.engine import loop
 from sparsespec.engine.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION, sparsespec_attention
 from sparsespec.call_checks import check_seed, warn_past_positions
@@ -119,7 +120,7 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
              stop_at_eos: bool = True, eos_token_id=None, prefilled: Prefilled | None = None,
              cost_prior=None, attention_mask=None, ar_attention: str = DEFAULT_AR_ATTENTION,
-             threads: int | str = AUTO, thread_prior: int | None = None,
+             threads: int | str = AUTO, thread_prior: int | None = None, remember: bool = True,
              **method_options) -> "Generation | loop.BatchGenerations":
     """Decode one prompt with `method` (default "sparsespec"), `max_new_tokens` (default 128) new
     tokens; see the module docstring. Greedy when temperature == 0. With `prefilled` (from
@@ -130,7 +131,13 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     measures them and passes the fastest. `threads`: "auto" chooses the intra-op thread count online,
     between 1 and the process's default, from the rounds' own costs, and re-probes when they move
     (sparsespec/engine/thread_rule.py); `thread_prior` is the count it starts from (the harness's
-    probe); a positive int fixes the count. The caller's count is restored at the end.
+    probe); a positive int fixes the count. The caller's count is restored at the end. `remember`:
+    start from what earlier calls on this model learned (their costs and acceptance, where no
+    `cost_prior` is given; their thread count, where "auto" has no `thread_prior`) and keep what
+    this call learns (sparsespec/call_memory.py); False: a call on its own. Greedy tokens are the same
+    either way; a sampling call with a `seed` recalls nothing, so that it draws the same tokens
+    whatever calls came before it. `Generation.options["recalled"]`: whether an earlier call's profile
+    was used.
 
     A batch (a list of 1-D prompts, (B, L) ids with B > 1, or padded ids with `attention_mask`)
     is decoded together and returns a `BatchGenerations`: a list of one `Generation` per prompt, in
@@ -144,6 +151,8 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     if ar_attention not in AR_ATTENTION:
         raise ConfigError(f"ar_attention={ar_attention!r}; accepted: {', '.join(AR_ATTENTION)}")
     rule = thread_rule(threads, thread_prior)
+    if not isinstance(remember, bool):
+        raise ConfigError(f"remember={remember!r}; accepted: True (start from earlier calls on this model) or False")
     batched = loop.is_batch(input_ids, attention_mask)
     prompts = (loop.prompts_of(input_ids, attention_mask, lambda ids: prompt_of(model, ids)) if batched
                else [prompt_of(model, input_ids)])
@@ -151,9 +160,22 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     sampler = Sampler(temperature=temperature, top_p=top_p, generator=generator)
     stop_ids = eos_token_ids(model, eos_token_id) if stop_at_eos else set()
-    gens = decode_prompts(model, prompts, method=method, max_new_tokens=max_new_tokens, options=method_options,
-                          sampler=sampler, stop_ids=stop_ids, cost_prior=cost_prior, prefilled=prefilled,
-                          ar_attention=ar_attention, thread_rule=rule)
+    starts = starts_of(model, prompts, method=method, max_new_tokens=max_new_tokens, options=method_options,
+                       prefilled=prefilled)
+    key = call_memory.key_of(starts, sampler, ar_attention) if remember else None
+    # a seeded sampling call draws what its arguments say, whatever calls came before it
+    reproducible = temperature > 0 and seed is not None
+    learned = call_memory.recall(model, key) if remember and not reproducible else None
+    recalled = cost_prior is None and learned is not None and learned.profile is not None
+    if recalled:
+        cost_prior = learned.profile
+    if threads == AUTO and thread_prior is None and learned is not None and learned.threads is not None:
+        rule = thread_rule(threads, learned.threads)
+    gens = decode_starts(model, starts, sampler, stop_ids, cost_prior, ar_attention, rule)
+    if remember:
+        call_memory.keep(model, key, gens, rule.report(), starts[0].controller.reads_costs)
+    for gen in gens:
+        gen.options["recalled"] = recalled
     if not batched:
         return gens[0]
     for gen in gens:
@@ -168,18 +190,31 @@ def decode_prompts(model, prompts: list[torch.Tensor], *, method: str | None, ma
     """`prompts` (checked 1-D prompts) decoded by the loop (sparsespec/engine/loop.py: together, or one at
     a time for a method that is not batchable), each from its prefill: `prefilled` (one `Prefilled`
     per prompt, of one method), or its own; `thread_rule`: the count each round runs at (None: the
-    process's count)."""
-    if prefilled is None:
-        method = method or "sparsespec"
-        max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
-        built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
-        # each sequence decodes in its own prefill's cache
-        alone = len(prompts) == 1 or loop.one_at_a_time(built[0][0], len(prompts))
-        starts = [prefill_built(model, p, {method: (method, drafter, controller, resolved, max_new_tokens)},
-                                in_place=alone)[method] for p, (drafter, controller, resolved) in zip(prompts, built)]
-    else:
-        starts = checked_starts(prefilled, prompts, method, max_new_tokens, options)
-    warn_past_positions(model, max(p.numel() for p in prompts), starts[0].max_new_tokens)
+    process's count). No call memory: what `generate` is without it."""
+    starts = starts_of(model, prompts, method=method, max_new_tokens=max_new_tokens, options=options,
+                       prefilled=prefilled)
+    return decode_starts(model, starts, sampler, stop_ids, cost_prior, ar_attention, thread_rule)
+
+
+def starts_of(model, prompts: list[torch.Tensor], *, method: str | None, max_new_tokens: int | None,
+              options: dict, prefilled=None) -> list[Prefilled]:
+    """One `Prefilled` per prompt: `prefilled`'s, checked, or each prompt's own prefill with the
+    method built (defaults: "sparsespec", 128 new tokens)."""
+    if prefilled is not None:
+        return checked_starts(prefilled, prompts, method, max_new_tokens, options)
+    method = method or "sparsespec"
+    max_new_tokens = 128 if max_new_tokens is None else max_new_tokens
+    built = [build_method(model, p.numel(), method, max_new_tokens, dict(options)) for p in prompts]
+    # each sequence decodes in its own prefill's cache
+    alone = len(prompts) == 1 or loop.one_at_a_time(built[0][0], len(prompts))
+    return [prefill_built(model, p, {method: (method, drafter, controller, resolved, max_new_tokens)},
+                          in_place=alone)[method] for p, (drafter, controller, resolved) in zip(prompts, built)]
+
+
+def decode_starts(model, starts: list[Prefilled], sampler: Sampler, stop_ids: set, cost_prior,
+                  ar_attention: str, thread_rule) -> "loop.BatchGenerations":
+    """The loop from `starts`, after the one warning about positions past the model's trained range."""
+    warn_past_positions(model, max(s.shared.prompt.numel() for s in starts), starts[0].max_new_tokens)
     return loop.decode(model, starts, sampler, stop_ids, cost_prior, ar_attention, thread_rule)
 
 

@@ -42,6 +42,16 @@ def build_tiny(arch: str, seed: int = 0, **overrides):
 ARCHS = ("llama", "mistral", "qwen2")
 
 
+@pytest.fixture(autouse=True)
+def first_calls():
+    """Every test's generate() calls open as first calls: the session's shared models carry no call
+    memory (sparsespec/call_memory.py) from another test."""
+    from sparsespec.call_memory import forget
+    forget()
+    yield
+    forget()
+
+
 @pytest.fixture(scope="session", params=ARCHS)
 def tiny_model(request):
     return build_tiny(request.param)

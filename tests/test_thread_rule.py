@@ -252,7 +252,7 @@ def test_sampling_through_a_switch_every_round_and_the_warm_up_hand_over_emits_t
 
 def test_the_harness_probe_is_where_the_online_rule_starts(monkeypatch):
     """decode_batch hands each engine row its probe's count as `thread_prior` (online_threads=true),
-    or as a fixed count (false)."""
+    or as a fixed count (false), and no call memory: the run's calibration is its evidence."""
     from sparsespec.harness import decoding
     seen = []
 
@@ -260,7 +260,7 @@ def test_the_harness_probe_is_where_the_online_rule_starts(monkeypatch):
         pass
 
     def recording_generate(model, ids, **kwargs):
-        seen.append((kwargs.get("threads"), kwargs.get("thread_prior")))
+        seen.append((kwargs.get("threads"), kwargs.get("thread_prior"), kwargs.get("remember")))
         raise Called
 
     class Priors:
@@ -275,7 +275,7 @@ def test_the_harness_probe_is_where_the_online_rule_starts(monkeypatch):
     monkeypatch.setattr(decoding.sparsespec, "generate", recording_generate)
     monkeypatch.setattr(decoding, "prefill", lambda *a, **k: {"sparsespec": object()})
     monkeypatch.setattr(decoding, "measure_profiles", lambda *a, **k: None)
-    for online, expected in ((True, ("auto", 1)), (False, (1, None))):
+    for online, expected in ((True, ("auto", 1, False)), (False, (1, None, False))):
         config = type("Config", (), dict(batch_size=1, temperature=0.0, top_p=1.0, stop_at_eos=False,
                                          online_threads=online))()
         with pytest.raises(Called):

@@ -176,8 +176,9 @@ def test_entries_sharing_a_probe_get_one_choice_from_one_probe_and_only_the_cost
         probed.append(torch.get_num_threads())
         return profile(0.01, {1: 0.05, 2: 0.06} if torch.get_num_threads() == 2 else {1: 0.5, 2: 0.6})
 
-    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos, ar_attention, threads):
+    def decoded_at_this_count(model, prompts, prefilled, stop_at_eos, ar_attention, threads, remember):
         assert threads == torch.get_num_threads()                 # measured at the count it runs at, not chosen
+        assert remember is False                                  # the probe is its own evidence
         probed.append(torch.get_num_threads())
         return SimpleNamespace(decode_s=0.1 if torch.get_num_threads() == 1 else 1.0)
     monkeypatch.setattr(calibration_module, "measure_cost_profile", cost_profile_at_this_count)

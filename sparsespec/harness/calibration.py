@@ -198,7 +198,8 @@ class PlannedDecodes:
     def decoded(self, label: str, ar_attention: str | None = None):
         return generate(self.model, self.prompts, prefilled=self.start_of(label), stop_at_eos=False,
                         ar_attention=ar_attention or self.calibration.ar_attention,
-                        threads=torch.get_num_threads())     # measured at the count it is run at
+                        threads=torch.get_num_threads(),     # measured at the count it is run at
+                        remember=False)                      # the calibration is its own evidence
 
     def profile(self, label: str) -> CostProfile:
         return measure_cost_profile(self.model, self.prompts, prefilled=self.start_of(label),

@@ -103,11 +103,12 @@ def decode_batch(model, inputs: list, decoders: dict[str, tuple[str, dict]], con
         if one:
             gens[label] = one_after_another([sparsespec.generate(
                 model, prompts[0], prefilled=starts[0].pop(label), cost_prior=cost_priors.get(label),
-                ar_attention=cost_priors.ar_attention, **counts, **common)])
+                ar_attention=cost_priors.ar_attention, remember=False, **counts, **common)])
         else:
             gens[label] = sparsespec.generate(model, prompts, prefilled=[s.pop(label) for s in starts],
                                               cost_prior=cost_priors.get(label),
-                                              ar_attention=cost_priors.ar_attention, **counts, **common)
+                                              ar_attention=cost_priors.ar_attention, remember=False, **counts,
+                                              **common)
     return gens
 
 
