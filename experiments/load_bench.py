@@ -14,7 +14,9 @@ shared prefill a prompt, each at its own measured thread count) into `<out>/<cas
 With `--library`, each load also gets a `library` case per length of `--library-tokens` (default
 64 and 256): the same prompts decoded by `sparsespec.generate(model, ids, method=...)` as a library
 user calls it (defaults: no cost profile, threads chosen online; each call its own prefill), AR and the
-method alternating which goes first, into `<out>/library_<case>_<tokens>/case.json`.
+method alternating which goes first, into `<out>/library_<case>_<tokens>/case.json`. The first prompt's
+calls are the model's first; each later call starts from what the calls before it learned
+(sparsespec/call_memory.py), so the table gives the first call's speed-up and the later calls' apart.
 
 A load is bounded in time: it stops by itself after --load-s seconds or once the benchmark's process
 is gone, and the case stops it when its run ends. Every case writes `<out>/<case>/case.json` (speed-up, chosen threads, share of k = 0
@@ -187,13 +189,16 @@ def case_record(load: Load, folder: Path, summaries: dict, background: Backgroun
 
 def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: float, tokens: int,
                      method: str = METHOD) -> dict:
-    """AR and `method` through `sparsespec.generate` with its defaults, on the run's prompts, beside
-    `load`; the case record (the same fields as a harness case)."""
+    """AR and `method` (an entry, `name[:option=value,...]`) through `sparsespec.generate` with its
+    defaults otherwise, on the run's prompts, beside `load`; the case record (the same fields as a
+    harness case)."""
     import torch
     from hydra import compose, initialize_config_dir
 
     import sparsespec
+    from sparsespec.harness.checks import as_dict
     from sparsespec.harness.contexts import exact_context_overrides
+    from sparsespec.harness.entries import method_node
     from sparsespec.harness.decoding import load_inputs
     from sparsespec.harness.environment import collect
     from sparsespec.harness.run_config import build_run_config
@@ -202,30 +207,43 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
     overrides = ["logger=none", *exact_context_overrides(overrides)]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         config = build_run_config(compose("config", overrides=overrides), folder)
+        node = method_node(method)
+    calls = {"ar": ("ar", {}),
+             method: (node.name, {k: v for k, v in as_dict(node.options or {}).items() if v is not None})}
     model, _, prompts = load_inputs(config)
+    sparsespec.forget(model)           # the case's first prompt is the model's first call
     folder.mkdir(parents=True, exist_ok=True)
     samples = []
     with Background(load, load_s) as background:
         for i, prompt in enumerate(prompts):
             ids = torch.as_tensor(prompt.input_ids)
             order = ("ar", method) if i % 2 == 0 else (method, "ar")
-            gens = {m: sparsespec.generate(model, ids, method=m, max_new_tokens=tokens, stop_at_eos=False) for m in order}
+            gens = {m: sparsespec.generate(model, ids, method=calls[m][0], max_new_tokens=tokens, stop_at_eos=False,
+                                           **calls[m][1]) for m in order}
             samples.append({"prompt_id": str(prompt.id), "order": list(order),
                             "threads": {m: [r.threads for r in g.rounds] for m, g in gens.items()},
                             **{f"{m}_tokens_per_s": g.tokens_per_s for m, g in gens.items()},
                             "match": gens[method].tokens == gens["ar"].tokens,
+                            "recalled": gens[method].options["recalled"],     # started from an earlier call
                             # each round's choice and seconds, and AR's steps beside them: where a case lost
                             "rounds": [{"drafted": r.drafted, "accepted": r.accepted, "choice": r.choice,
                                         "s": round(r.seconds, 5)} for r in gens[method].rounds],
                             "ar_round_s": [round(r.seconds, 5) for r in gens["ar"].rounds]})
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     speedup = geometric_ci(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples)
+    later = geometric_ci(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples[1:]) \
+        if len(samples) > 2 else None
     env = collect(device="cpu", dtype=config.dtype)
     return {"case": f"library {load.name} @{tokens}", "load": load.description, "method": f"{method} (generate)",
             "overrides": overrides, "load_ran_s": background.ran_s, "load_outlived_run": background.outlived,
             "ar_tokens_per_s": geometric_ci(s["ar_tokens_per_s"] for s in samples).mean,
             "tokens_per_s": geometric_ci(s[f"{method}_tokens_per_s"] for s in samples).mean,
             "speedup_vs_ar": speedup.mean, "speedup_ci95": [speedup.low, speedup.high],
+            # a first call on the model opens with no memory; the later ones start from the calls before
+            "speedup_first_call": samples[0][f"{method}_tokens_per_s"] / samples[0]["ar_tokens_per_s"],
+            "speedup_later_calls": None if later is None else later.mean,
+            "speedup_later_ci95": None if later is None else [later.low, later.high],
+            "later_recalled": sum(s["recalled"] for s in samples[1:]),
             "outputs_match_ar": sum(s["match"] for s in samples) / len(samples), "k0_share": k0_share(samples),
             "ar_threads": most_rounds_at(samples, "ar"), "threads": most_rounds_at(samples, method), "bench": None,
             "cpu": env.get("cpu"), "cpu_flags": env.get("cpu_flags"), "blas": env.get("blas"), "n_prompts": len(samples)}
@@ -252,7 +270,7 @@ def table(records: list[dict]) -> str:
     from sparsespec.tables import format_cell, markdown_table
 
     columns = ["case", "load", "AR tok/s", "AR threads", "method", "tok/s", "threads", "speed-up (95% CI)",
-               "k=0 rounds", "match AR", "machine busy", "load lasted"]
+               "first call", "later calls (95% CI)", "k=0 rounds", "match AR", "machine busy", "load lasted"]
     rows = []
     for r in records:
         low, high = r["speedup_ci95"]
@@ -260,10 +278,25 @@ def table(records: list[dict]) -> str:
         rows.append(dict(zip(columns, [
             r["case"], r["load"], format_cell(r["ar_tokens_per_s"], ".2f"), format_cell(r["ar_threads"], "d"),
             r["method"], format_cell(r["tokens_per_s"], ".2f"), format_cell(r["threads"], "d"),
-            f"{format_cell(r['speedup_vs_ar'], '.2f')}x{ci}", format_cell(r["k0_share"], ".0%"),
+            f"{format_cell(r['speedup_vs_ar'], '.2f')}x{ci}", *first_and_later(r), format_cell(r["k0_share"], ".0%"),
             format_cell(r["outputs_match_ar"], ".0%"), format_cell((r["bench"] or {}).get("noisy")),
             "-" if r["load_outlived_run"] is None else ("whole run" if r["load_outlived_run"] else "ended early")])))
     return markdown_table(rows, columns)
+
+
+def first_and_later(record: dict) -> tuple[str, str]:
+    """A library case's speed-up on its first prompt (no call memory) and on the later ones (each
+    starting from the calls before it); '-' for a harness case, or one written before call memory."""
+    from sparsespec.harness.report import interval
+    from sparsespec.tables import format_cell
+
+    if record.get("speedup_first_call") is None:
+        return "-", "-"
+    first = f"{format_cell(record['speedup_first_call'], '.2f')}x"
+    if record.get("speedup_later_calls") is None:
+        return first, "-"
+    low, high = record["speedup_later_ci95"]
+    return first, f"{format_cell(record['speedup_later_calls'], '.2f')}x {interval(low, high)}"
 
 
 def write_table(out: Path) -> Path:

@@ -151,3 +151,29 @@ def test_each_case_writes_its_record_and_the_table_and_a_rerun_skips_it(tiny_har
     assert ran == [] and "quiet: done already" in capsys.readouterr().out
     assert {case: (out / case / "case.json").read_text() for case in records} == written
     assert (out / "load_bench.md").read_text().splitlines() == table
+
+
+def test_a_library_case_gives_the_first_call_and_the_later_calls_apart(tmp_path, monkeypatch):
+    """The library case decodes through `sparsespec.generate` with call memory on: its first prompt's
+    calls open with none (even where an earlier case ran on the same model), the later ones recall."""
+    from sparsespec.harness import decoding
+    model = build_tiny("llama")
+    prompts = [SimpleNamespace(id=f"p{i}", input_ids=random_prompt(300, seed=i)[0], reference=None) for i in range(3)]
+    monkeypatch.setattr(decoding, "load_inputs", lambda cfg: (model, None, prompts))
+    out = tmp_path / "bench"
+    argv = ["--out", str(out), "--cases", "quiet", "--library-only", "--library-tokens", "8,12", "--method", ENTRY, *RUN]
+    assert load_bench.main(argv) == 0
+    for tokens in (8, 12):                   # the second case runs on the model the first one taught
+        record = json.loads((out / f"library_quiet_{tokens}" / "case.json").read_text())
+        samples = [json.loads(line) for line in (out / f"library_quiet_{tokens}" / "samples.jsonl").read_text().splitlines()]
+        assert [s["recalled"] for s in samples] == [False, True, True] and record["later_recalled"] == 2
+        ratios = [s[f"{ENTRY}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples]
+        assert record["speedup_first_call"] == pytest.approx(ratios[0])
+        assert record["speedup_later_calls"] == pytest.approx((ratios[1] * ratios[2]) ** 0.5)
+        assert record["outputs_match_ar"] == 1.0
+    header, _, *rows = (out / "load_bench.md").read_text().splitlines()
+    columns = [c.strip() for c in header.split("|")]
+    first, later = columns.index("first call"), columns.index("later calls (95% CI)")
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[first].endswith("x") and cells[later].split()[0].endswith("x")
