@@ -3,7 +3,7 @@
 The decode loop talks to a controller through these calls, all batch-shaped (one sequence is a
 batch of one; a batch drafts one k for every sequence):
     max_k                         -> the most tokens a round may draft (the caches are sized for it)
-    use_cost_prior(profile)       -> start from measured costs (a `sparsespec.calibration.CostProfile`)
+    use_cost_prior(profile)       -> start from measured costs (a `CostProfile`, cost_profile.py)
     start_round(limit)            -> a new round; at most `limit` tokens may be drafted. Returns the
                                      round's draft limit: 0 means no draft (one plain AR step)
     keep_drafting_batch(entropies)-> after each draft step (entropies[b]: sequence b's draft
@@ -57,7 +57,7 @@ class Controller(abc.ABC):
 
     @abc.abstractmethod
     def use_cost_prior(self, profile) -> None:
-        """Start from measured costs (`sparsespec.calibration.CostProfile`); a controller that
+        """Start from measured costs (`sparsespec.controllers.cost_profile.CostProfile`); a controller that
         ignores costs ignores it."""
 
     @abc.abstractmethod

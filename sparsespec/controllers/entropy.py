@@ -186,7 +186,7 @@ class EntropyController(Controller):
         return self._max_k
 
     def use_cost_prior(self, profile) -> None:
-        """Measured C_d and C_v(k) (a `sparsespec.calibration.CostProfile`) replace the warm-up: the
+        """Measured C_d and C_v(k) (a `sparsespec.controllers.cost_profile.CostProfile`) replace the warm-up: the
         rule is in charge from round one and refines the costs online (the EMAs start from the profile).
         The profile's C_AR, when measured, seeds the fallback's AR window: no `ar_probe` round."""
         self.c_draft = profile.draft_step_s

@@ -28,9 +28,10 @@ import torch
 
 from sparsespec import threads
 from sparsespec.api import generate
-from sparsespec.calibration import (DEFAULT_KS, MIN_AR_STEPS, CostProfile, cycle_tokens, full_batch_rounds,
-                                    measure_cost_profile, profile_cycle, profile_decoder)
+from sparsespec.calibration import (DEFAULT_KS, MIN_AR_STEPS, cycle_tokens, measure_cost_profile, profile_cycle,
+                                    profile_decoder)
 from sparsespec.controllers import CONTROLLERS
+from sparsespec.controllers.cost_profile import CostProfile, full_batch_rounds
 from sparsespec.engine.attention import AR_ATTENTION, DEFAULT_AR_ATTENTION
 from sparsespec.method_options import resolve
 from sparsespec.methods import METHODS
