@@ -164,13 +164,11 @@ def generate(model, input_ids, *, method: str | None = None, max_new_tokens: int
                        prefilled=prefilled)
     key = call_memory.key_of(starts, sampler, ar_attention) if remember else None
     # a seeded sampling call draws what its arguments say, whatever calls came before it
-    reproducible = temperature > 0 and seed is not None
-    learned = call_memory.recall(model, key) if remember and not reproducible else None
+    learned = call_memory.recall(model, key) if remember and not (temperature > 0 and seed is not None) else None
     recalled = cost_prior is None and learned is not None and learned.profile is not None
-    if recalled:
-        cost_prior = learned.profile
+    cost_prior = learned.profile if recalled else cost_prior
     if threads == AUTO and thread_prior is None and learned is not None and learned.threads is not None:
-        rule = thread_rule(threads, learned.threads)
+        rule = thread_rule(threads, learned.threads)          # the count the last call ended on
     gens = decode_starts(model, starts, sampler, stop_ids, cost_prior, ar_attention, rule)
     if remember:
         call_memory.keep(model, key, gens, rule.report(), starts[0].controller.reads_costs)

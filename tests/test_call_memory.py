@@ -77,7 +77,8 @@ def test_a_seeded_sampling_call_draws_the_same_whatever_came_before():
     options = dict(temperature=0.8, top_p=0.9, seed=5, options=dict(fallback=False))
     first = spec(model, prompt, **options)
     for seed in (2, 3):
-        spec(model, random_prompt(300, seed=seed), temperature=0.8, top_p=0.9)     # teaches the same key
+        spec(model, random_prompt(300, seed=seed), temperature=0.8, top_p=0.9,     # teaches the same key
+             options=dict(fallback=False))
     again = spec(model, prompt, **options)
     assert again.options["recalled"] is False and again.tokens == first.tokens
     assert spec(model, prompt, temperature=0.8, top_p=0.9, options=dict(fallback=False)).options["recalled"]

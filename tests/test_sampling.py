@@ -158,8 +158,10 @@ def test_the_exact_check_catches_a_biased_acceptance_rule(tiny_vocab, monkeypatc
 def test_sampling_is_reproducible_with_a_seed():
     model = build_tiny("qwen2")
     prompt = random_prompt(100, seed=4)
+    # a clock-driven choice (the fallback) changes which draws a round makes, so on a busy machine two
+    # seeded runs differed: reproducible runs need a controller that decides from the tokens alone
     a = sparsespec.generate(model, prompt, method="sparsespec", temperature=0.8, top_p=0.9, seed=5,
-                            max_new_tokens=20, stop_at_eos=False, recent=8, budget=30)
+                            max_new_tokens=20, stop_at_eos=False, recent=8, budget=30, fallback=False)
     b = sparsespec.generate(model, prompt, method="sparsespec", temperature=0.8, top_p=0.9, seed=5,
-                            max_new_tokens=20, stop_at_eos=False, recent=8, budget=30)
+                            max_new_tokens=20, stop_at_eos=False, recent=8, budget=30, fallback=False)
     assert a.tokens == b.tokens
