@@ -1,0 +1,103 @@
+"""The same cells decoded by two commits, alternating processes: how much the newer code changes speed.
+
+    python experiments/paired_code.py docs/runs/paired_code_library_call_memory
+
+FOLDER holds `old_1, new_1, old_2, new_2, ...` (each one run of a commit, in the order run), either
+harness folders (`run.py ... hydra.run.dir=FOLDER/old_1`: one `<entry>/samples.jsonl` per method) or
+library load cases (`load_bench.py --library-only --out FOLDER/old_1`: `<case>/samples.jsonl`, one line a
+prompt with `ar_tokens_per_s` and `<method>_tokens_per_s`). Runs are paired by number (old_i with
+new_i) and their samples by prompt id. For each method, per prompt and repetition (n = prompts x pairs):
+
+    speed-up   (new tok/s / new AR tok/s) / (old tok/s / old AR tok/s): what the claims read, each
+               ratio taken inside one process, so the machine's drift between processes cancels
+    tok/s      new / old of the method's own tokens/s, and of AR's (the drift itself)
+
+with the geometric mean and its 95% interval (`sparsespec.stats.geometric_ci`). Library cases add the
+later calls alone: each run's first prompt left out (the model's first call, with no call memory).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sparsespec.stats import geometric_ci  # noqa: E402
+
+RUN = re.compile(r"^(old|new)_(\d+)$")
+
+
+def runs(folder: Path) -> list[tuple[Path, Path]]:
+    """(old_i, new_i) for every i both exist for, in order."""
+    found = {(m.group(1), int(m.group(2))): p for p in folder.iterdir() if (m := RUN.match(p.name)) and p.is_dir()}
+    pairs = [(found["old", i], found["new", i]) for i in sorted({i for _, i in found}) if ("old", i) in found
+             and ("new", i) in found]
+    if not pairs:
+        raise SystemExit(f"error: {folder} holds no old_N and new_N run folders of the same N")
+    return pairs
+
+
+def samples(run: Path) -> dict[str, list[dict]]:
+    """method -> its samples in prompt order, each {"prompt_id", "tokens_per_s", "ar_tokens_per_s"}."""
+    out = {}
+    for path in sorted(run.glob("*/samples.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        if "tokens_per_s" in rows[0]:                       # a harness method folder
+            if rows[0].get("method") != "ar":
+                out[path.parent.name] = [{"prompt_id": r["prompt_id"], "tokens_per_s": r["tokens_per_s"],
+                                          "ar_tokens_per_s": r["ar_tokens_per_s"]} for r in rows]
+            continue
+        for key in rows[0]:                                 # a library case: <method>_tokens_per_s beside AR's
+            if key.endswith("_tokens_per_s") and key != "ar_tokens_per_s":
+                label = f"{path.parent.name}: {key.removesuffix('_tokens_per_s')}"
+                out[label] = [{"prompt_id": r["prompt_id"], "tokens_per_s": r[key],
+                               "ar_tokens_per_s": r["ar_tokens_per_s"], "library": True} for r in rows]
+    return out
+
+
+def compare(folder: Path) -> list[dict]:
+    """One record per method: the paired estimates (module docstring)."""
+    pairs = [(samples(old), samples(new)) for old, new in runs(folder)]
+    records = []
+    for method in sorted(set.intersection(*(set(o) & set(n) for o, n in pairs))):
+        rows = []
+        for old, new in pairs:
+            by_id = {s["prompt_id"]: s for s in old[method]}
+            rows += [(i, by_id[s["prompt_id"]], s) for i, s in enumerate(new[method]) if s["prompt_id"] in by_id]
+        speedup = [(n["tokens_per_s"] / n["ar_tokens_per_s"]) / (o["tokens_per_s"] / o["ar_tokens_per_s"])
+                   for _, o, n in rows]
+        record = {"method": method, "n": len(rows), "speedup": geometric_ci(speedup),
+                  "tokens_per_s": geometric_ci(n["tokens_per_s"] / o["tokens_per_s"] for _, o, n in rows),
+                  "ar_tokens_per_s": geometric_ci(n["ar_tokens_per_s"] / o["ar_tokens_per_s"] for _, o, n in rows)}
+        if new[method][0].get("library"):
+            later = [r for (i, _, _), r in zip(rows, speedup) if i > 0]
+            record["later_calls"] = geometric_ci(later)
+        records.append(record)
+    return records
+
+
+def describe(estimate) -> str:
+    return f"{estimate.mean:.3f}x [{estimate.low:.3f}, {estimate.high:.3f}], n = {estimate.n}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folder", type=Path, help="a folder of old_N / new_N runs")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        parser.exit(2, f"error: {args.folder} is not a folder\n")
+    for r in compare(args.folder):
+        print(f"{r['method']}: new / old speed-up over AR {describe(r['speedup'])}"
+              + (f"; later calls {describe(r['later_calls'])}" if "later_calls" in r else ""))
+        print(f"  tok/s new / old: method {describe(r['tokens_per_s'])}; AR {describe(r['ar_tokens_per_s'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
