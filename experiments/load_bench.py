@@ -196,7 +196,7 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
     from hydra import compose, initialize_config_dir
 
     import sparsespec
-    from sparsespec.harness.checks import as_dict
+    from sparsespec.harness.checks import method_options
     from sparsespec.harness.contexts import exact_context_overrides
     from sparsespec.harness.entries import method_node
     from sparsespec.harness.decoding import load_inputs
@@ -208,8 +208,7 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         config = build_run_config(compose("config", overrides=overrides), folder)
         node = method_node(method)
-    calls = {"ar": ("ar", {}),
-             method: (node.name, {k: v for k, v in as_dict(node.options or {}).items() if v is not None})}
+    calls = {"ar": ("ar", {}), method: (node.name, method_options(node))}
     model, _, prompts = load_inputs(config)
     sparsespec.forget(model)           # the case's first prompt is the model's first call
     folder.mkdir(parents=True, exist_ok=True)
@@ -230,9 +229,9 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
                                         "s": round(r.seconds, 5)} for r in gens[method].rounds],
                             "ar_round_s": [round(r.seconds, 5) for r in gens["ar"].rounds]})
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    speedup = geometric_ci(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples)
-    later = geometric_ci(s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples[1:]) \
-        if len(samples) > 2 else None
+    ratios = [s[f"{method}_tokens_per_s"] / s["ar_tokens_per_s"] for s in samples]
+    speedup = geometric_ci(ratios)
+    later = geometric_ci(ratios[1:]) if len(ratios) > 2 else None
     env = collect(device="cpu", dtype=config.dtype)
     return {"case": f"library {load.name} @{tokens}", "load": load.description, "method": f"{method} (generate)",
             "overrides": overrides, "load_ran_s": background.ran_s, "load_outlived_run": background.outlived,
@@ -240,7 +239,7 @@ def run_library_case(load: Load, folder: Path, overrides: list[str], load_s: flo
             "tokens_per_s": geometric_ci(s[f"{method}_tokens_per_s"] for s in samples).mean,
             "speedup_vs_ar": speedup.mean, "speedup_ci95": [speedup.low, speedup.high],
             # a first call on the model opens with no memory; the later ones start from the calls before
-            "speedup_first_call": samples[0][f"{method}_tokens_per_s"] / samples[0]["ar_tokens_per_s"],
+            "speedup_first_call": ratios[0],
             "speedup_later_calls": None if later is None else later.mean,
             "speedup_later_ci95": None if later is None else [later.low, later.high],
             "later_recalled": sum(s["recalled"] for s in samples[1:]),

@@ -42,7 +42,7 @@ def test_defaults(hydra_conf):
     cfg = make()
     assert (cfg.model.name, cfg.task.name, cfg.ctx, cfg.method.label, cfg.logger.name) == \
         ("smollm2_135m", "summarization", 4000, "sparsespec", "wandb")
-    assert resolved_options("sparsespec", method_options(cfg))["controller"] == "entropy"
+    assert resolved_options("sparsespec", method_options(cfg.method))["controller"] == "entropy"
     assert cfg.max_new_tokens == 128 and cfg.temperature == 0.0 and cfg.compare_ar is True
     assert cfg.task.source == "embedded" and cfg.model.embedded == "smollm2_135m"
     assert cfg.dtype == "float32" and cfg.device == "auto"
@@ -141,12 +141,12 @@ def test_method_options_are_engine_options(hydra_conf):
         cfg = make(f"method={name}")
         assert cfg.method.name in METHODS
         assert set(cfg.method.options) == option_names(cfg.method.name), name
-        resolve(cfg.method.name, method_options(cfg))   # every shipped YAML resolves as it stands
+        resolve(cfg.method.name, method_options(cfg.method))   # every shipped YAML resolves as it stands
 
 
 def test_method_options_drop_nulls(hydra_conf):
-    assert method_options(make("method=sparsespec_fixed", "method.options.k=12")) == {"controller": "fixed", "k": 12}
-    assert method_options(make("method=ar")) == {}
+    assert method_options(make("method=sparsespec_fixed", "method.options.k=12").method) == {"controller": "fixed", "k": 12}
+    assert method_options(make("method=ar").method) == {}
 
 
 def test_named_contexts_are_thousands(hydra_conf):
@@ -270,10 +270,10 @@ def test_trained_context_at_most_max_context(hydra_conf):
 
 def test_resolved_options_name_the_controller_and_its_k(hydra_conf):
     """summary.json's method_options: a fixed-k run names its k even when left at the default."""
-    assert resolved_options("sparsespec", method_options(make("method=sparsespec_fixed")))["k"] == 4
-    fixed = resolved_options("sparsespec", method_options(make("method=sparsespec_fixed", "method.options.k=12")))
+    assert resolved_options("sparsespec", method_options(make("method=sparsespec_fixed").method))["k"] == 4
+    fixed = resolved_options("sparsespec", method_options(make("method=sparsespec_fixed", "method.options.k=12").method))
     assert (fixed["controller"], fixed["k"]) == ("fixed", 12) and "budget" in fixed
-    entropy = resolved_options("sparsespec", method_options(make()))
+    entropy = resolved_options("sparsespec", method_options(make().method))
     assert entropy["controller"] == "entropy" and entropy["candidates"] == list(range(1, 17)) and "k" not in entropy
     assert resolved_options("ar", {}).keys().isdisjoint({"k", "candidates", "prior_k"})
 

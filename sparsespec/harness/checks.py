@@ -38,9 +38,10 @@ def model_spec(cfg: DictConfig) -> dict:
     return spec
 
 
-def method_options(cfg: DictConfig) -> dict:
-    """`cfg.method.options` without the nulls: a null leaves the engine's default in place."""
-    return {k: v for k, v in as_dict(cfg.method.options or {}).items() if v is not None}
+def method_options(method) -> dict:
+    """A `method` config's options (`cfg.method`, or an entry's `method_node`) without the nulls: a null
+    leaves the engine's default in place."""
+    return {k: v for k, v in as_dict(method.options or {}).items() if v is not None}
 
 
 def device_name(requested: str) -> str:
@@ -177,5 +178,5 @@ def check_config(cfg: DictConfig) -> None:
     check_task_path(cfg.task.path)
     device_name(cfg.device)
     check_context_fits(cfg.ctx, cfg.max_new_tokens, cfg.model.name, cfg.model.max_context)
-    check_method_options(cfg.method.name, method_options(cfg))
+    check_method_options(cfg.method.name, method_options(cfg.method))
     check_run_order(cfg.run_order)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from sparsespec import hf_reference
 from sparsespec.errors import ConfigError
 
-from sparsespec.harness.checks import as_dict, check_config, context_warnings, device_name, model_spec
+from sparsespec.harness.checks import as_dict, check_config, context_warnings, device_name, method_options, model_spec
 from sparsespec.harness.entries import entry_folder, method_node, resolved_method_options
 
 AR = "ar"
@@ -144,7 +144,7 @@ def method_specs(cfg: DictConfig, folder: Path) -> list[MethodSpec]:
 
 
 def spec_of(entry: str, node, config: dict, folder: Path) -> MethodSpec:
-    options = {k: v for k, v in as_dict(node.options or {}).items() if v is not None}
+    options = method_options(node)
     return MethodSpec(entry=entry, name=node.name, label=node.label, options=options,
                       resolved=resolved_method_options(node.name, options), folder=folder, config=config)
 
