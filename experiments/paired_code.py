@@ -12,8 +12,9 @@ new_i) and their samples by prompt id. For each method, per prompt and repetitio
                ratio taken inside one process, so the machine's drift between processes cancels
     tok/s      new / old of the method's own tokens/s, and of AR's (the drift itself)
 
-with the geometric mean and its 95% interval (`sparsespec.stats.geometric_ci`). Library cases add the
-later calls alone: each run's first prompt left out (the model's first call, with no call memory).
+with the geometric mean and its 95% interval (`sparsespec.stats.geometric_ci`); beside them, each
+commit's own speed-up over AR pooled over its runs. Library cases add the later calls alone: each run's
+first prompt left out (the model's first call, with no call memory).
 """
 from __future__ import annotations
 
@@ -70,14 +71,17 @@ def compare(folder: Path) -> list[dict]:
         for old, new in pairs:
             by_id = {s["prompt_id"]: s for s in old[method]}
             rows += [(i, by_id[s["prompt_id"]], s) for i, s in enumerate(new[method]) if s["prompt_id"] in by_id]
-        speedup = [(n["tokens_per_s"] / n["ar_tokens_per_s"]) / (o["tokens_per_s"] / o["ar_tokens_per_s"])
-                   for _, o, n in rows]
+        old_x = [o["tokens_per_s"] / o["ar_tokens_per_s"] for _, o, _ in rows]
+        new_x = [n["tokens_per_s"] / n["ar_tokens_per_s"] for _, _, n in rows]
+        speedup = [n / o for o, n in zip(old_x, new_x)]
         record = {"method": method, "n": len(rows), "speedup": geometric_ci(speedup),
+                  "old": geometric_ci(old_x), "new": geometric_ci(new_x),
                   "tokens_per_s": geometric_ci(n["tokens_per_s"] / o["tokens_per_s"] for _, o, n in rows),
                   "ar_tokens_per_s": geometric_ci(n["ar_tokens_per_s"] / o["ar_tokens_per_s"] for _, o, n in rows)}
         if new[method][0].get("library"):
-            later = [r for (i, _, _), r in zip(rows, speedup) if i > 0]
-            record["later_calls"] = geometric_ci(later)
+            later = [i > 0 for i, _, _ in rows]
+            record["later_calls"] = geometric_ci(r for r, keep in zip(speedup, later) if keep)
+            record["new_later_calls"] = geometric_ci(x for x, keep in zip(new_x, later) if keep)
         records.append(record)
     return records
 
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['method']}: new / old speed-up over AR {describe(r['speedup'])}"
               + (f"; later calls {describe(r['later_calls'])}" if "later_calls" in r else ""))
         print(f"  tok/s new / old: method {describe(r['tokens_per_s'])}; AR {describe(r['ar_tokens_per_s'])}")
+        print(f"  speed-up over AR, runs pooled: old {describe(r['old'])}; new {describe(r['new'])}"
+              + (f" (later calls {describe(r['new_later_calls'])})" if "new_later_calls" in r else ""))
     return 0
 
 

@@ -37,6 +37,7 @@ def test_harness_runs_pair_by_number_and_prompt(tmp_path):
     assert record["method"] == "sparsespec" and record["n"] == 2
     assert record["speedup"].mean == pytest.approx(math.sqrt((1.5 / 1.2) * (1.5 / 1.5)))
     assert record["ar_tokens_per_s"].mean == pytest.approx(2.0)
+    assert record["old"].mean == pytest.approx(math.sqrt(1.2 * 1.5)) and record["new"].mean == pytest.approx(1.5)
     assert "later_calls" not in record
 
 
@@ -48,6 +49,7 @@ def test_library_cases_give_the_later_calls_apart(tmp_path):
     (record,) = paired_code.compare(tmp_path)
     assert record["method"] == "library_quiet_64: sparsespec" and record["n"] == 3
     assert record["later_calls"].mean == pytest.approx(math.sqrt(2.0 * 4.0)) and record["later_calls"].n == 2
+    assert record["new_later_calls"].mean == pytest.approx(math.sqrt(2.0 * 4.0))     # old ran 1.0x throughout
 
 
 def test_a_folder_without_pairs_is_one_line(tmp_path, capsys):
