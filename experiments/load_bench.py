@@ -171,11 +171,12 @@ def run_case(load: Load, folder: Path, overrides: list[str], load_s: float, meth
 def case_record(load: Load, folder: Path, summaries: dict, background: Background, overrides: list[str],
                 method: str) -> dict:
     """What case.json holds: the case's speeds, threads, k = 0 share, and whether load and machine were as meant."""
+    from analysis.load import read_jsonl
     from sparsespec.harness.entries import entry_folder
     from sparsespec.harness.run_config import AR
 
     ar, spec = summaries[AR], summaries[method]
-    samples = [json.loads(line) for line in (folder / entry_folder(method) / "samples.jsonl").read_text().splitlines()]
+    samples = read_jsonl(folder / entry_folder(method) / "samples.jsonl")
     m = spec["metrics"]
     return {"case": load.name, "load": load.description, "method": method, "overrides": overrides,
             "load_ran_s": background.ran_s, "load_outlived_run": background.outlived,

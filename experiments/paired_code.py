@@ -19,7 +19,6 @@ first prompt left out (the model's first call, with no call memory).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from analysis.load import read_jsonl  # noqa: E402
 from sparsespec.stats import geometric_ci  # noqa: E402
 
 RUN = re.compile(r"^(old|new)_(\d+)$")
@@ -46,7 +46,7 @@ def samples(run: Path) -> dict[str, list[dict]]:
     """method -> its samples in prompt order, each {"prompt_id", "tokens_per_s", "ar_tokens_per_s"}."""
     out = {}
     for path in sorted(run.glob("*/samples.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = read_jsonl(path)
         if not rows:
             continue
         if "tokens_per_s" in rows[0]:                       # a harness method folder
