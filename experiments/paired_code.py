@@ -1,8 +1,11 @@
 """The same cells decoded by two commits, alternating processes: how much the newer code changes speed.
 
     python experiments/paired_code.py docs/runs/paired_code_library_call_memory
+    python experiments/paired_code.py --old docs/runs/matrix/smollm2_8k/0_smollm2_135m_summarization_ctx8000 \
+                                      --new docs/runs/pending/smollm2_8k/0_smollm2_135m_summarization_ctx8000
 
-FOLDER holds `old_1, new_1, old_2, new_2, ...` (each one run of a commit, in the order run), either
+FOLDER holds `old_1, new_1, old_2, new_2, ...` (each one run of a commit, in the order run); or the runs
+are named with `--old DIR --new DIR`, repeated, the i-th --old paired with the i-th --new. A run is either
 harness folders (`run.py ... hydra.run.dir=FOLDER/old_1`: one `<entry>/samples.jsonl` per method) or
 library load cases (`load_bench.py --library-only --out FOLDER/old_1`: `<case>/samples.jsonl`, one line a
 prompt with `ar_tokens_per_s` and `<method>_tokens_per_s`). Runs are paired by number (old_i with
@@ -62,9 +65,9 @@ def samples(run: Path) -> dict[str, list[dict]]:
     return out
 
 
-def compare(folder: Path) -> list[dict]:
-    """One record per method: the paired estimates (module docstring)."""
-    pairs = [(samples(old), samples(new)) for old, new in runs(folder)]
+def compare(runs: list[tuple[Path, Path]]) -> list[dict]:
+    """One record per method: the paired estimates (module docstring) over (old, new) run folders."""
+    pairs = [(samples(old), samples(new)) for old, new in runs]
     records = []
     for method in sorted(set.intersection(*(set(o) & set(n) for o, n in pairs))):
         rows = []
@@ -92,11 +95,18 @@ def describe(estimate) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folder", type=Path, help="a folder of old_N / new_N runs")
+    parser.add_argument("folder", type=Path, nargs="?", help="a folder of old_N / new_N runs")
+    parser.add_argument("--old", type=Path, action="append", default=[], help="an old run folder (repeatable)")
+    parser.add_argument("--new", type=Path, action="append", default=[], help="a new run folder (repeatable)")
     args = parser.parse_args(argv)
-    if not args.folder.is_dir():
-        parser.exit(2, f"error: {args.folder} is not a folder\n")
-    for r in compare(args.folder):
+    if (args.folder is None) == (not args.old and not args.new):
+        parser.exit(2, "error: give either FOLDER or --old DIR --new DIR, not both and not neither\n")
+    if len(args.old) != len(args.new):
+        parser.exit(2, f"error: {len(args.old)} --old but {len(args.new)} --new; they pair in order, so give as many\n")
+    for path in [args.folder] if args.folder else args.old + args.new:
+        if not path.is_dir():
+            parser.exit(2, f"error: {path} is not a folder\n")
+    for r in compare(runs(args.folder) if args.folder else list(zip(args.old, args.new))):
         print(f"{r['method']}: new / old speed-up over AR {describe(r['speedup'])}"
               + (f"; later calls {describe(r['later_calls'])}" if "later_calls" in r else ""))
         print(f"  tok/s new / old: method {describe(r['tokens_per_s'])}; AR {describe(r['ar_tokens_per_s'])}")

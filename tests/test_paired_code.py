@@ -33,7 +33,7 @@ def test_harness_runs_pair_by_number_and_prompt(tmp_path):
     harness_run(tmp_path / "new_1", ar=[20, 20], spec_tps=[30, 30])     # the machine twice as fast
     harness_run(tmp_path / "old_2", ar=[10, 10], spec_tps=[12, 15])
     harness_run(tmp_path / "new_3", ar=[1, 1], spec_tps=[1, 1])         # no old_3: left out
-    (record,) = paired_code.compare(tmp_path)
+    (record,) = paired_code.compare(paired_code.runs(tmp_path))
     assert record["method"] == "sparsespec" and record["n"] == 2
     assert record["speedup"].mean == pytest.approx(math.sqrt((1.5 / 1.2) * (1.5 / 1.5)))
     assert record["ar_tokens_per_s"].mean == pytest.approx(2.0)
@@ -46,7 +46,7 @@ def test_library_cases_give_the_later_calls_apart(tmp_path):
         write(tmp_path / run / "library_quiet_64" / "samples.jsonl",
               [{"prompt_id": f"p{i}", "ar_tokens_per_s": 10.0, "sparsespec_tokens_per_s": 10.0 * ratio ** i}
                for i in range(3)])
-    (record,) = paired_code.compare(tmp_path)
+    (record,) = paired_code.compare(paired_code.runs(tmp_path))
     assert record["method"] == "library_quiet_64: sparsespec" and record["n"] == 3
     assert record["later_calls"].mean == pytest.approx(math.sqrt(2.0 * 4.0)) and record["later_calls"].n == 2
     assert record["new_later_calls"].mean == pytest.approx(math.sqrt(2.0 * 4.0))     # old ran 1.0x throughout
@@ -59,3 +59,16 @@ def test_a_folder_without_pairs_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         paired_code.main([str(tmp_path / "missing")])
     assert stop.value.code == 2 and "is not a folder" in capsys.readouterr().err
+
+
+def test_old_and_new_named_pair_in_order(tmp_path, capsys):
+    harness_run(tmp_path / "before", ar=[10, 10], spec_tps=[12, 15])
+    harness_run(tmp_path / "after", ar=[20, 20], spec_tps=[30, 30])
+    assert paired_code.main(["--old", str(tmp_path / "before"), "--new", str(tmp_path / "after")]) == 0
+    assert f"new / old speed-up over AR {math.sqrt(1.25):.3f}x" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        paired_code.main(["--old", str(tmp_path / "before")])
+    assert stop.value.code == 2 and "1 --old but 0 --new" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        paired_code.main([str(tmp_path), "--old", str(tmp_path / "before"), "--new", str(tmp_path / "after")])
+    assert stop.value.code == 2 and "not both" in capsys.readouterr().err
