@@ -65,9 +65,9 @@ def samples(run: Path) -> dict[str, list[dict]]:
     return out
 
 
-def compare(runs: list[tuple[Path, Path]]) -> list[dict]:
+def compare(run_pairs: list[tuple[Path, Path]]) -> list[dict]:
     """One record per method: the paired estimates (module docstring) over (old, new) run folders."""
-    pairs = [(samples(old), samples(new)) for old, new in runs]
+    pairs = [(samples(old), samples(new)) for old, new in run_pairs]
     records = []
     for method in sorted(set.intersection(*(set(o) & set(n) for o, n in pairs))):
         rows = []
